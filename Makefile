@@ -1,0 +1,47 @@
+# titan: build, test, benchmark and lint entry points.
+GO      ?= go
+BIN     ?= bin/titan
+RECIPE  ?= recipes/llama3_debug.toml
+PKGS    := ./...
+
+.PHONY: all build train test test-race bench bench-gemm bench-step lint fmt vet clean golden
+
+all: build
+
+build:
+	$(GO) build -o $(BIN) ./cmd/titan
+
+## train: the main job — trains the debug Llama on the built-in corpus.
+train: build
+	./$(BIN) train --recipe $(RECIPE)
+
+## test: the whole suite (what CI runs).
+test:
+	$(GO) vet $(PKGS)
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
+	$(GO) test -count=1 -timeout 15m $(PKGS)
+
+## bench: Go micro-benchmarks of the compute core.
+bench:
+	$(GO) test -run '^$$' -bench . -benchtime 1x ./internal/...
+
+## bench-gemm: titan's SGEMM against OpenBLAS, side by side.
+bench-gemm:
+	bash bench/openblas/compare.sh
+
+## bench-step: training-step throughput against PyTorch, side by side.
+bench-step: build
+	bash bench/step/compare.sh
+
+## golden: regenerate the PyTorch parity file (needs /usr/bin/python3 with torch).
+golden:
+	/usr/bin/python3 internal/model/llama/testdata/reference.py
+
+lint: vet fmt
+vet:
+	$(GO) vet $(PKGS)
+fmt:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+
+clean:
+	rm -rf bin

@@ -1,0 +1,10 @@
+// Package configs embeds titan's model flavor files, so that the binary
+// carries the published model shapes with no files next to it.
+package configs
+
+import "embed"
+
+// FS holds the flavor files: llama3.toml, one TOML table per flavor.
+//
+//go:embed *.toml
+var FS embed.FS
