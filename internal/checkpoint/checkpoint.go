@@ -182,7 +182,7 @@ func Save(folder string, step int, shards []Shard, blobs map[string][]byte) erro
 		return fmt.Errorf("checkpoint: %w", err)
 	}
 	for name, b := range blobs {
-		file := name + ".json"
+		file := name
 		if err := writeFileSynced(filepath.Join(tmp, file), b); err != nil {
 			return fmt.Errorf("checkpoint: blob %s: %w", name, err)
 		}

@@ -98,7 +98,7 @@ func TestCorruptionIsDetected(t *testing.T) {
 			os.Truncate(filepath.Join(dir, "data-00000.bin"), 100)
 		}, "truncated"},
 		{"tampered blob", func(dir string) {
-			os.WriteFile(filepath.Join(dir, "train_state.json"), []byte(`{"step":6}`), 0o644)
+			os.WriteFile(filepath.Join(dir, "train_state"), []byte(`{"step":6}`), 0o644)
 		}, "checksum mismatch"},
 		{"corrupt metadata", func(dir string) {
 			os.WriteFile(filepath.Join(dir, "metadata.json"), []byte(`{"vers`), 0o644)

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/titan-go/titan/internal/config"
+	"github.com/titan-go/titan/internal/train"
+)
+
+// recipeFlags are the flags every recipe-driven command shares.
+type recipeFlags struct {
+	recipe string
+	sets   []string
+}
+
+func (f *recipeFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.recipe, "recipe", "", "TOML recipe (e.g. recipes/llama3_debug.toml); built-in defaults when empty")
+	cmd.Flags().StringArrayVar(&f.sets, "set", nil, "override a recipe key, section.key=value (repeatable)")
+}
+
+// load layers defaults < recipe < TITAN_* environment < --set, and validates.
+func (f *recipeFlags) load() (*config.Job, error) {
+	job, err := config.Load(f.recipe, f.sets, os.Environ())
+	if err != nil {
+		return nil, err
+	}
+	if err := job.Validate(); err != nil {
+		return nil, err
+	}
+	return job, nil
+}
+
+func newTrainCmd() *cobra.Command {
+	var rf recipeFlags
+	cmd := &cobra.Command{
+		Use:   "train",
+		Short: "Train a model from a recipe",
+		Long: `Train a model from a TOML recipe.
+
+A run whose dump folder already holds checkpoints resumes from the newest
+one. Ctrl-C stops after the current step and saves a checkpoint.`,
+		Example: `  titan train --recipe recipes/llama3_debug.toml
+  titan train --recipe recipes/llama3_debug.toml --set training.steps=50 --set job.dump_folder=/tmp/run1
+  TITAN_TRAINING_SEED=7 titan train --recipe recipes/llama3_tiny_bench.toml`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			job, err := rf.load()
+			if err != nil {
+				return err
+			}
+			if job.Job.PrintConfig {
+				s, err := job.TOML()
+				if err != nil {
+					return err
+				}
+				fmt.Fprint(cmd.OutOrStdout(), s)
+			}
+			tr, err := train.New(job, cmd.OutOrStdout())
+			if err != nil {
+				return err
+			}
+			defer tr.Close()
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			err = tr.Run(ctx)
+			if errors.Is(err, context.Canceled) {
+				return fmt.Errorf("interrupted; resume with the same command")
+			}
+			return err
+		},
+	}
+	rf.register(cmd)
+	return cmd
+}
+
+func newConfigCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "config",
+		Short: "Show or validate a resolved recipe",
+	}
+	var show, validate recipeFlags
+	showCmd := &cobra.Command{
+		Use:   "show",
+		Short: "Print the fully resolved recipe as TOML",
+		Long:  "Print the recipe after layering built-in defaults < recipe file < TITAN_* environment < --set.",
+		Example: `  titan config show --recipe recipes/llama3_8b.toml
+  titan config show --recipe recipes/llama3_debug.toml --set training.steps=5`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			job, err := show.load()
+			if err != nil {
+				return err
+			}
+			s, err := job.TOML()
+			if err != nil {
+				return err
+			}
+			fmt.Fprint(cmd.OutOrStdout(), s)
+			return nil
+		},
+	}
+	show.register(showCmd)
+	validateCmd := &cobra.Command{
+		Use:     "validate",
+		Short:   "Check a recipe: keys, types and values",
+		Example: `  titan config validate --recipe recipes/llama3_405b.toml`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if _, err := validate.load(); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok\n", validate.recipe)
+			return nil
+		},
+	}
+	validate.register(validateCmd)
+	cmd.AddCommand(showCmd, validateCmd)
+	return cmd
+}

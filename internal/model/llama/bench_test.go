@@ -1,0 +1,56 @@
+package llama
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/titan-go/titan/internal/backend/cpu"
+	"github.com/titan-go/titan/internal/optim"
+)
+
+// BenchmarkTrainStep times one full training step (forward, backward,
+// gradient norm, AdamW) of the tiny_bench flavor at batch 8 × seq 256,
+// the model PyTorch is compared against (bench/pytorch/train_step.py).
+func BenchmarkTrainStep(b *testing.B) {
+	cfg, err := Flavor("tiny_bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	B, T := 8, 256
+	be := cpu.New(0)
+	defer be.Close()
+	m, err := New(be, cfg, B, T, Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	m.Init(0)
+	opt := optim.NewAdamW(be, m.Params.Len, optim.AdamWConfig{LR: 3e-4, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1})
+	r := rand.New(rand.NewPCG(0, 0))
+	tokens, targets := make([]int32, B*T), make([]int32, B*T)
+	for i := range tokens {
+		tokens[i], targets[i] = int32(r.IntN(cfg.VocabSize)), int32(r.IntN(cfg.VocabSize))
+	}
+	step := func() {
+		if _, err := m.Forward(tokens, targets); err != nil {
+			b.Fatal(err)
+		}
+		m.ZeroGrad()
+		if err := m.Backward(1 / float32(m.NumTargets())); err != nil {
+			b.Fatal(err)
+		}
+		_, scale := optim.ClipScale(be.SumSquares(m.Grads), 1)
+		if err := opt.Update(m.Params, m.Grads, 3e-4, scale); err != nil {
+			b.Fatal(err)
+		}
+	}
+	step() // warm-up
+	b.ResetTimer()
+	start := time.Now()
+	for i := 0; i < b.N; i++ {
+		step()
+	}
+	sec := time.Since(start).Seconds() / float64(b.N)
+	b.ReportMetric(float64(B*T)/sec, "tokens/s")
+	b.ReportMetric(cfg.FLOPsPerToken(T)*float64(B*T)/sec/1e9, "GFLOP/s")
+}

@@ -1,0 +1,203 @@
+package train
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+
+	"github.com/titan-go/titan/internal/checkpoint"
+	"github.com/titan-go/titan/internal/model/llama"
+)
+
+// trainState is the train_state blob of a checkpoint.
+type trainState struct {
+	Step     int     `json:"step"`
+	OptStep  int     `json:"optimizer_step"`
+	Seed     uint64  `json:"seed"`
+	Flavor   string  `json:"flavor"`
+	ElapsedS float64 `json:"elapsed_s"`
+}
+
+func checkpointDir(folder string, step int) string { return checkpoint.StepDir(folder, step) }
+
+// ModelShards returns the model's parameters as checkpoint shards named
+// "model/<parameter>".
+func ModelShards(cfg llama.Config, flat []float32) []checkpoint.Shard {
+	return namedShards("model/", cfg, flat)
+}
+
+func namedShards(prefix string, cfg llama.Config, flat []float32) []checkpoint.Shard {
+	var out []checkpoint.Shard
+	for _, p := range cfg.Layout() {
+		out = append(out, checkpoint.Shard{Name: prefix + p.Name, Shape: p.Shape, Data: flat[p.Offset : p.Offset+p.Size]})
+	}
+	return out
+}
+
+// ReadModel reads "model/<parameter>" tensors into a flat buffer.
+func ReadModel(r *checkpoint.Reader, cfg llama.Config, flat []float32) error {
+	return readNamed(r, "model/", cfg, flat)
+}
+
+func readNamed(r *checkpoint.Reader, prefix string, cfg llama.Config, flat []float32) error {
+	for _, p := range cfg.Layout() {
+		t, ok := r.Meta.Tensors[prefix+p.Name]
+		if !ok {
+			return fmt.Errorf("checkpoint %s lacks %s%s", r.Dir, prefix, p.Name)
+		}
+		if !slices.Equal(t.Shape, p.Shape) {
+			return fmt.Errorf("checkpoint %s: %s%s has shape %v, the model wants %v", r.Dir, prefix, p.Name, t.Shape, p.Shape)
+		}
+		if err := r.Read(prefix+p.Name, 0, flat[p.Offset:p.Offset+p.Size]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// save writes a checkpoint of the current step (model only, or the full
+// training state) and purges old ones.
+func (tr *Trainer) save(modelOnly bool) error {
+	be, m := tr.be, tr.Model
+	params := make([]float32, m.Params.Len)
+	be.Download(params, m.Params)
+	shards := ModelShards(tr.Cfg, params)
+	blobs := map[string][]byte{}
+	if !modelOnly {
+		mv := make([]float32, m.Params.Len)
+		vv := make([]float32, m.Params.Len)
+		be.Download(mv, tr.Opt.M)
+		be.Download(vv, tr.Opt.V)
+		shards = append(shards, namedShards("optimizer/exp_avg/", tr.Cfg, mv)...)
+		shards = append(shards, namedShards("optimizer/exp_avg_sq/", tr.Cfg, vv)...)
+		ts, _ := json.Marshal(trainState{Step: tr.Step, OptStep: tr.Opt.Step, Seed: tr.seed, Flavor: tr.Job.Model.Flavor, ElapsedS: tr.elapsed})
+		blobs["train_state.json"] = ts
+		ds, err := tr.Data.State()
+		if err != nil {
+			return fmt.Errorf("checkpoint: data loader state: %w", err)
+		}
+		blobs["dataloader.json"] = ds
+		if tr.Val != nil {
+			vs, err := tr.Val.State()
+			if err != nil {
+				return fmt.Errorf("checkpoint: validation loader state: %w", err)
+			}
+			blobs["val_dataloader.json"] = vs
+		}
+	}
+	if err := checkpoint.Save(tr.ckptFolder, tr.Step, shards, blobs); err != nil {
+		return err
+	}
+	if tr.log != nil {
+		what := "checkpoint"
+		if modelOnly {
+			what = "model-only checkpoint"
+		}
+		tr.log.Printf("titan: saved %s %s", what, checkpoint.StepDir(tr.ckptFolder, tr.Step))
+	}
+	return checkpoint.Purge(tr.ckptFolder, tr.Job.Checkpoint.KeepLatestK)
+}
+
+// restore loads the newest full checkpoint in the dump folder (or
+// checkpoint.load_step), as torchtitan resumes a job on its own; without
+// one it loads checkpoint.initial_load_path when set.
+func (tr *Trainer) restore() error {
+	ck := tr.Job.Checkpoint
+	if !ck.Enable {
+		return nil
+	}
+	steps, err := checkpoint.Steps(tr.ckptFolder)
+	if err != nil {
+		return err
+	}
+	if ck.LoadStep >= 0 {
+		if !slices.Contains(steps, ck.LoadStep) {
+			return fmt.Errorf("checkpoint.load_step %d: no checkpoint of that step in %s (have %v)", ck.LoadStep, tr.ckptFolder, steps)
+		}
+		steps = []int{ck.LoadStep}
+	}
+	for i := len(steps) - 1; i >= 0; i-- {
+		dir := checkpoint.StepDir(tr.ckptFolder, steps[i])
+		r, err := checkpoint.Open(dir)
+		if err != nil {
+			return err
+		}
+		if _, ok := r.Meta.Blobs["train_state.json"]; !ok {
+			if i == len(steps)-1 && ck.LoadStep < 0 {
+				// The final model-only save of a finished run.
+				return tr.loadModelOnly(r, steps[i])
+			}
+			continue
+		}
+		return tr.loadFull(r)
+	}
+	if ck.InitialLoadPath != "" {
+		r, err := checkpoint.Open(ck.InitialLoadPath)
+		if err != nil {
+			return fmt.Errorf("checkpoint.initial_load_path: %w", err)
+		}
+		return tr.loadModelOnly(r, 0)
+	}
+	return nil
+}
+
+func (tr *Trainer) loadModelOnly(r *checkpoint.Reader, step int) error {
+	params := make([]float32, tr.Model.Params.Len)
+	if err := ReadModel(r, tr.Cfg, params); err != nil {
+		return err
+	}
+	tr.be.Upload(tr.Model.Params, params)
+	tr.Step = step
+	return nil
+}
+
+func (tr *Trainer) loadFull(r *checkpoint.Reader) error {
+	raw, err := r.Blob("train_state.json")
+	if err != nil {
+		return err
+	}
+	var ts trainState
+	if err := json.Unmarshal(raw, &ts); err != nil {
+		return fmt.Errorf("checkpoint %s: train_state.json: %w", r.Dir, err)
+	}
+	if ts.Flavor != tr.Job.Model.Flavor {
+		return fmt.Errorf("checkpoint %s holds a %s model, the recipe asks for %s", r.Dir, ts.Flavor, tr.Job.Model.Flavor)
+	}
+	n := tr.Model.Params.Len
+	params, mv, vv := make([]float32, n), make([]float32, n), make([]float32, n)
+	if err := ReadModel(r, tr.Cfg, params); err != nil {
+		return err
+	}
+	exclude := tr.Job.Checkpoint.ExcludeFromLoading
+	if !slices.Contains(exclude, "optimizer") {
+		if err := readNamed(r, "optimizer/exp_avg/", tr.Cfg, mv); err != nil {
+			return err
+		}
+		if err := readNamed(r, "optimizer/exp_avg_sq/", tr.Cfg, vv); err != nil {
+			return err
+		}
+		tr.be.Upload(tr.Opt.M, mv)
+		tr.be.Upload(tr.Opt.V, vv)
+		tr.Opt.Step = ts.OptStep
+	}
+	if !slices.Contains(exclude, "dataloader") {
+		ds, err := r.Blob("dataloader.json")
+		if err != nil {
+			return err
+		}
+		if err := tr.Data.Restore(ds); err != nil {
+			return fmt.Errorf("checkpoint %s: data loader: %w", r.Dir, err)
+		}
+		if tr.Val != nil {
+			if vs, err := r.Blob("val_dataloader.json"); err == nil {
+				if err := tr.Val.Restore(vs); err != nil {
+					return fmt.Errorf("checkpoint %s: validation loader: %w", r.Dir, err)
+				}
+			}
+		}
+	}
+	tr.be.Upload(tr.Model.Params, params)
+	tr.Step, tr.seed, tr.elapsed = ts.Step, ts.Seed, ts.ElapsedS
+	return nil
+}
+
