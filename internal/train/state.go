@@ -200,4 +200,3 @@ func (tr *Trainer) loadFull(r *checkpoint.Reader) error {
 	tr.Step, tr.seed, tr.elapsed = ts.Step, ts.Seed, ts.ElapsedS
 	return nil
 }
-
