@@ -113,7 +113,11 @@ func newConfigCmd() *cobra.Command {
 		Example: `  titan config validate --recipe recipes/llama3_405b.toml`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if _, err := validate.load(); err != nil {
+			job, err := validate.load()
+			if err != nil {
+				return err
+			}
+			if _, err := train.ModelConfig(job); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok\n", validate.recipe)

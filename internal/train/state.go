@@ -6,7 +6,7 @@ import (
 	"slices"
 
 	"github.com/titan-go/titan/internal/checkpoint"
-	"github.com/titan-go/titan/internal/model/llama"
+	"github.com/titan-go/titan/internal/modelfile"
 )
 
 // trainState is the train_state blob of a checkpoint.
@@ -20,56 +20,24 @@ type trainState struct {
 
 func checkpointDir(folder string, step int) string { return checkpoint.StepDir(folder, step) }
 
-// ModelShards returns the model's parameters as checkpoint shards named
-// "model/<parameter>".
-func ModelShards(cfg llama.Config, flat []float32) []checkpoint.Shard {
-	return namedShards("model/", cfg, flat)
-}
-
-func namedShards(prefix string, cfg llama.Config, flat []float32) []checkpoint.Shard {
-	var out []checkpoint.Shard
-	for _, p := range cfg.Layout() {
-		out = append(out, checkpoint.Shard{Name: prefix + p.Name, Shape: p.Shape, Data: flat[p.Offset : p.Offset+p.Size]})
-	}
-	return out
-}
-
-// ReadModel reads "model/<parameter>" tensors into a flat buffer.
-func ReadModel(r *checkpoint.Reader, cfg llama.Config, flat []float32) error {
-	return readNamed(r, "model/", cfg, flat)
-}
-
-func readNamed(r *checkpoint.Reader, prefix string, cfg llama.Config, flat []float32) error {
-	for _, p := range cfg.Layout() {
-		t, ok := r.Meta.Tensors[prefix+p.Name]
-		if !ok {
-			return fmt.Errorf("checkpoint %s lacks %s%s", r.Dir, prefix, p.Name)
-		}
-		if !slices.Equal(t.Shape, p.Shape) {
-			return fmt.Errorf("checkpoint %s: %s%s has shape %v, the model wants %v", r.Dir, prefix, p.Name, t.Shape, p.Shape)
-		}
-		if err := r.Read(prefix+p.Name, 0, flat[p.Offset:p.Offset+p.Size]); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // save writes a checkpoint of the current step (model only, or the full
 // training state) and purges old ones.
 func (tr *Trainer) save(modelOnly bool) error {
 	be, m := tr.be, tr.Model
 	params := make([]float32, m.Params.Len)
 	be.Download(params, m.Params)
-	shards := ModelShards(tr.Cfg, params)
-	blobs := map[string][]byte{}
+	shards := modelfile.Shards(tr.Cfg, params)
+	blobs, err := modelfile.Blobs(modelfile.Description{Name: "llama3", Flavor: tr.Job.Model.Flavor, Config: tr.Cfg}, tr.Job.Model.TokenizerPath)
+	if err != nil {
+		return err
+	}
 	if !modelOnly {
 		mv := make([]float32, m.Params.Len)
 		vv := make([]float32, m.Params.Len)
 		be.Download(mv, tr.Opt.M)
 		be.Download(vv, tr.Opt.V)
-		shards = append(shards, namedShards("optimizer/exp_avg/", tr.Cfg, mv)...)
-		shards = append(shards, namedShards("optimizer/exp_avg_sq/", tr.Cfg, vv)...)
+		shards = append(shards, modelfile.PrefixedShards("optimizer/exp_avg/", tr.Cfg, mv)...)
+		shards = append(shards, modelfile.PrefixedShards("optimizer/exp_avg_sq/", tr.Cfg, vv)...)
 		ts, _ := json.Marshal(trainState{Step: tr.Step, OptStep: tr.Opt.Step, Seed: tr.seed, Flavor: tr.Job.Model.Flavor, ElapsedS: tr.elapsed})
 		blobs["train_state.json"] = ts
 		ds, err := tr.Data.State()
@@ -143,7 +111,7 @@ func (tr *Trainer) restore() error {
 
 func (tr *Trainer) loadModelOnly(r *checkpoint.Reader, step int) error {
 	params := make([]float32, tr.Model.Params.Len)
-	if err := ReadModel(r, tr.Cfg, params); err != nil {
+	if err := modelfile.ReadPrefixed(r, "model/", tr.Cfg, params); err != nil {
 		return err
 	}
 	tr.be.Upload(tr.Model.Params, params)
@@ -165,15 +133,15 @@ func (tr *Trainer) loadFull(r *checkpoint.Reader) error {
 	}
 	n := tr.Model.Params.Len
 	params, mv, vv := make([]float32, n), make([]float32, n), make([]float32, n)
-	if err := ReadModel(r, tr.Cfg, params); err != nil {
+	if err := modelfile.ReadPrefixed(r, "model/", tr.Cfg, params); err != nil {
 		return err
 	}
 	exclude := tr.Job.Checkpoint.ExcludeFromLoading
 	if !slices.Contains(exclude, "optimizer") {
-		if err := readNamed(r, "optimizer/exp_avg/", tr.Cfg, mv); err != nil {
+		if err := modelfile.ReadPrefixed(r, "optimizer/exp_avg/", tr.Cfg, mv); err != nil {
 			return err
 		}
-		if err := readNamed(r, "optimizer/exp_avg_sq/", tr.Cfg, vv); err != nil {
+		if err := modelfile.ReadPrefixed(r, "optimizer/exp_avg_sq/", tr.Cfg, vv); err != nil {
 			return err
 		}
 		tr.be.Upload(tr.Opt.M, mv)

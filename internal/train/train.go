@@ -57,12 +57,9 @@ func seedOf(job *config.Job) uint64 {
 // New builds a trainer from a validated recipe, resuming from the newest
 // checkpoint in the dump folder when there is one.
 func New(job *config.Job, out io.Writer) (*Trainer, error) {
-	if job.Model.Name != "llama3" {
-		return nil, fmt.Errorf("model.name %q: titan trains llama3 models", job.Model.Name)
-	}
-	cfg, err := llama.Flavor(job.Model.Flavor)
+	cfg, err := ModelConfig(job)
 	if err != nil {
-		return nil, fmt.Errorf("model.flavor: %w", err)
+		return nil, err
 	}
 	tr := &Trainer{Job: job, Cfg: cfg, out: out, seed: seedOf(job)}
 	tr.Tok, err = LoadTokenizer(job.Model.TokenizerPath)
@@ -70,12 +67,9 @@ func New(job *config.Job, out io.Writer) (*Trainer, error) {
 		return nil, err
 	}
 	if tr.Tok.VocabSize() > cfg.VocabSize {
-		return nil, fmt.Errorf("tokenizer %s has %d tokens but model flavor %s has vocab_size %d", job.Model.TokenizerPath, tr.Tok.VocabSize(), job.Model.Flavor, cfg.VocabSize)
+		return nil, fmt.Errorf("model.tokenizer_path %q: the %s tokenizer has %d tokens but model flavor %s has vocab_size %d", job.Model.TokenizerPath, tr.Tok.Name(), tr.Tok.VocabSize(), job.Model.Flavor, cfg.VocabSize)
 	}
 	T, B := job.Training.SeqLen, job.Training.LocalBatchSize
-	if T > cfg.MaxSeqLen {
-		return nil, fmt.Errorf("training.seq_len %d exceeds the max_seq_len %d of flavor %s", T, cfg.MaxSeqLen, job.Model.Flavor)
-	}
 	tr.accum = 1
 	if g := job.Training.GlobalBatchSize; g > 0 {
 		if g%B != 0 {
@@ -132,6 +126,22 @@ func New(job *config.Job, out io.Writer) (*Trainer, error) {
 	return tr, nil
 }
 
+// ModelConfig resolves the recipe's model and checks that the recipe's
+// shapes fit it.
+func ModelConfig(job *config.Job) (llama.Config, error) {
+	if job.Model.Name != "llama3" {
+		return llama.Config{}, fmt.Errorf("model.name %q: titan trains llama3 models", job.Model.Name)
+	}
+	cfg, err := llama.Flavor(job.Model.Flavor)
+	if err != nil {
+		return llama.Config{}, fmt.Errorf("model.flavor: %w", err)
+	}
+	if T := job.Training.SeqLen; T > cfg.MaxSeqLen {
+		return llama.Config{}, fmt.Errorf("training.seq_len %d exceeds the max_seq_len %d of flavor %s", T, cfg.MaxSeqLen, job.Model.Flavor)
+	}
+	return cfg, nil
+}
+
 // Close releases the backend.
 func (tr *Trainer) Close() {
 	if c, ok := tr.be.(interface{ Close() }); ok {
@@ -150,8 +160,8 @@ func (tr *Trainer) Run(ctx context.Context) error {
 	}
 	defer tr.log.Close()
 	B, T := tr.Model.B, tr.Model.T
-	tr.log.Printf("titan: llama3 %s, %s parameters, batch %d×%d×%d (accumulation %d), %d threads, gemm %s, peak %.0f GFLOP/s",
-		job.Model.Flavor, humanCount(tr.Cfg.NumParams()), tr.accum, B, T, tr.accum, tr.be.(*cpu.Backend).Threads(), gemm.Kernel(), tr.peakFLOPS/1e9)
+	tr.log.Printf("titan: llama3 %s, %s parameters, %d sequences × %d tokens per step (%d microbatches), %d threads, gemm %s, peak %.0f GFLOP/s",
+		job.Model.Flavor, humanCount(tr.Cfg.NumParams()), tr.accum*B, T, tr.accum, tr.be.(*cpu.Backend).Threads(), gemm.Kernel(), tr.peakFLOPS/1e9)
 	if tr.Step > 0 {
 		tr.log.Printf("titan: resumed from %s at step %d", checkpointDir(tr.ckptFolder, tr.Step), tr.Step)
 	}

@@ -1,0 +1,223 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"sort"
+
+	"github.com/spf13/cobra"
+
+	"github.com/titan-go/titan/internal/backend/cpu"
+	"github.com/titan-go/titan/internal/checkpoint"
+	"github.com/titan-go/titan/internal/evaluate"
+	"github.com/titan-go/titan/internal/generate"
+	"github.com/titan-go/titan/internal/model/llama"
+	"github.com/titan-go/titan/internal/modelfile"
+)
+
+func newEvalCmd() *cobra.Command {
+	var ckpt, textFile, tokensFile string
+	var seqLen, threads int
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "eval",
+		Short: "Mean next-token loss and perplexity of a checkpoint",
+		Long: `Evaluate a checkpoint on text (tokenized with the checkpoint's tokenizer,
+BOS first) or on token ids: one sequence per line, whitespace-separated.
+The loss is the mean over every predicted token of every sequence.`,
+		Example: `  titan eval --checkpoint outputs/checkpoint --text notes.txt
+  titan eval --checkpoint outputs/checkpoint/step-200 --tokens ids.txt --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if (textFile == "") == (tokensFile == "") {
+				return fmt.Errorf("give exactly one of --text FILE or --tokens FILE")
+			}
+			m, err := modelfile.Load(ckpt)
+			if err != nil {
+				return err
+			}
+			var seqs [][]int32
+			if textFile != "" {
+				raw, err := os.ReadFile(textFile)
+				if err != nil {
+					return err
+				}
+				ids := m.Tokenizer.Encode(string(raw))
+				if b := m.Tokenizer.BOS(); b >= 0 {
+					ids = append([]int{b}, ids...)
+				}
+				seq := make([]int32, len(ids))
+				for i, id := range ids {
+					seq[i] = int32(id)
+				}
+				seqs = [][]int32{seq}
+			} else {
+				f, err := os.Open(tokensFile)
+				if err != nil {
+					return err
+				}
+				seqs, err = evaluate.ReadTokenLines(f, m.Desc.Config.VocabSize)
+				f.Close()
+				if err != nil {
+					return fmt.Errorf("%s: %w", tokensFile, err)
+				}
+			}
+			be := cpu.New(threads)
+			defer be.Close()
+			if seqLen <= 0 {
+				seqLen = 1
+				for _, s := range seqs {
+					seqLen = max(seqLen, len(s)-1)
+				}
+				seqLen = min(seqLen, 2048, m.Desc.Config.MaxSeqLen)
+			}
+			ev, err := evaluate.New(be, m.Desc.Config, m.Params, seqLen)
+			if err != nil {
+				return err
+			}
+			for _, s := range seqs {
+				if err := ev.Add(s); err != nil {
+					return err
+				}
+			}
+			res, err := ev.Result()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "loss %.6f  perplexity %.4f  tokens %d\n", res.Loss, res.Perplexity, res.Tokens)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&ckpt, "checkpoint", "", "checkpoint folder (a step-N folder, or a folder of them: the newest is used)")
+	f.StringVar(&textFile, "text", "", "text file to score")
+	f.StringVar(&tokensFile, "tokens", "", "token-id file to score: one sequence per line")
+	f.IntVar(&seqLen, "seq-len", 0, "window length (0: the longest sequence, at most 2048)")
+	f.IntVar(&threads, "threads", 0, "CPU threads (0: all)")
+	f.BoolVar(&asJSON, "json", false, `print {"loss", "tokens", "perplexity"} as JSON`)
+	cmd.MarkFlagRequired("checkpoint")
+	return cmd
+}
+
+func newGenerateCmd() *cobra.Command {
+	var ckpt, prompt string
+	var maxNew, topK, threads int
+	var temperature, topP float64
+	var seed uint64
+	cmd := &cobra.Command{
+		Use:   "generate",
+		Short: "Sample text from a checkpoint",
+		Long:  "Sample a continuation of a prompt with a key/value cache, printing tokens as they come.",
+		Example: `  titan generate --checkpoint outputs/checkpoint --prompt "func main() {"
+  titan generate --checkpoint outputs/checkpoint --prompt "package" --temperature 0.8 --top-k 40 --seed 3`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			m, err := modelfile.Load(ckpt)
+			if err != nil {
+				return err
+			}
+			s, err := generate.NewSampler(temperature, topK, topP, seed)
+			if err != nil {
+				return err
+			}
+			be := cpu.New(threads)
+			defer be.Close()
+			promptLen := len(m.Tokenizer.Encode(prompt)) + 1
+			maxT := min(promptLen+maxNew, m.Desc.Config.MaxSeqLen)
+			if promptLen >= maxT {
+				return fmt.Errorf("prompt of %d tokens leaves no room under max_seq_len %d", promptLen, m.Desc.Config.MaxSeqLen)
+			}
+			model, err := llama.New(be, m.Desc.Config, 1, 1, llama.Options{})
+			if err != nil {
+				return err
+			}
+			be.Upload(model.Params, m.Params)
+			in, err := llama.NewInference(model, maxT)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprint(out, prompt)
+			_, err = generate.Run(in, m.Tokenizer, prompt, maxT-promptLen, s, func(text string) { fmt.Fprint(out, text) })
+			fmt.Fprintln(out)
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&ckpt, "checkpoint", "", "checkpoint folder")
+	f.StringVar(&prompt, "prompt", "", "text to continue")
+	f.IntVar(&maxNew, "max-new-tokens", 200, "most tokens to generate")
+	f.Float64Var(&temperature, "temperature", 0.8, "sampling temperature (0: greedy)")
+	f.IntVar(&topK, "top-k", 0, "sample among the k most likely tokens (0: all)")
+	f.Float64Var(&topP, "top-p", 0.95, "nucleus sampling threshold (1: off)")
+	f.Uint64Var(&seed, "seed", 0, "sampling seed")
+	f.IntVar(&threads, "threads", 0, "CPU threads (0: all)")
+	cmd.MarkFlagRequired("checkpoint")
+	return cmd
+}
+
+func newCheckpointCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "checkpoint",
+		Short: "Inspect, import and export checkpoints",
+	}
+	var verify bool
+	inspect := &cobra.Command{
+		Use:   "inspect DIR",
+		Short: "List a checkpoint's tensors and states",
+		Example: `  titan checkpoint inspect outputs/checkpoint/step-200
+  titan checkpoint inspect outputs/checkpoint --verify`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			dir, err := modelfile.Resolve(args[0])
+			if err != nil {
+				return err
+			}
+			r, err := checkpoint.Open(dir)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "%s: step %d, format version %d\n", dir, r.Meta.Step, r.Meta.Version)
+			if raw, err := r.Blob(modelfile.ConfigBlob); err == nil {
+				fmt.Fprintf(out, "model: %s\n", raw)
+			}
+			names := make([]string, 0, len(r.Meta.Tensors))
+			var total int64
+			for n, t := range r.Meta.Tensors {
+				names = append(names, n)
+				c := int64(1)
+				for _, s := range t.Shape {
+					c *= int64(s)
+				}
+				total += c
+			}
+			sort.Strings(names)
+			for _, n := range names {
+				t := r.Meta.Tensors[n]
+				fmt.Fprintf(out, "  %-55s %-8s %v (%d chunks)\n", n, t.DType, t.Shape, len(t.Chunks))
+			}
+			blobs := make([]string, 0, len(r.Meta.Blobs))
+			for n := range r.Meta.Blobs {
+				blobs = append(blobs, n)
+			}
+			sort.Strings(blobs)
+			fmt.Fprintf(out, "%d tensors, %d elements; states: %v\n", len(names), total, blobs)
+			if verify {
+				if err := r.Verify(); err != nil {
+					return err
+				}
+				fmt.Fprintln(out, "checksums: ok")
+			}
+			return nil
+		},
+	}
+	inspect.Flags().BoolVar(&verify, "verify", false, "read every chunk and check its checksum")
+	cmd.AddCommand(inspect)
+	addHFCommands(cmd)
+	return cmd
+}
