@@ -35,6 +35,8 @@ type Trainer struct {
 	Data  *data.Loader
 	Val   *data.Loader
 	Step  int // steps completed
+	// OnStep, when set, is called after every optimizer step.
+	OnStep func(step int, loss float64)
 
 	be         backend.Backend
 	accum      int
@@ -189,6 +191,9 @@ func (tr *Trainer) Run(ctx context.Context) error {
 		}
 		if math.IsNaN(loss) || math.IsInf(loss, 0) {
 			return fmt.Errorf("step %d: loss is %v", tr.Step, loss)
+		}
+		if tr.OnStep != nil {
+			tr.OnStep(tr.Step, loss)
 		}
 		windowTokens += tr.accum * B * T
 		lossSum += loss
