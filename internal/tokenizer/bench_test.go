@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"strings"
 	"testing"
 )
 
@@ -48,4 +49,26 @@ func BenchmarkSplitLlama3(b *testing.B) {
 			p = splitLlama3.next(text, p)
 		}
 	}
+}
+
+// BenchmarkTrain measures training a 4096-token vocabulary on
+// tinyshakespeare (MB/s of corpus).
+func BenchmarkTrain(b *testing.B) {
+	text := shakespeare(b)
+	b.SetBytes(int64(len(text)))
+	for b.Loop() {
+		if _, err := Train(strings.NewReader(text), 4096, TrainOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkEncodeTrained4k measures encoding tinyshakespeare with a
+// 4096-token vocabulary trained on it, from an empty piece cache.
+func BenchmarkEncodeTrained4k(b *testing.B) {
+	tok, err := Train(strings.NewReader(shakespeare(b)), 4096, TrainOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	benchmarkEncode(b, tok, true)
 }

@@ -3,9 +3,9 @@ package tokenizer
 import (
 	"container/heap"
 	"fmt"
+	"hash/maphash"
 	"math"
 	"slices"
-	"hash/maphash"
 	"strings"
 	"sync/atomic"
 )
@@ -52,8 +52,12 @@ type merge struct {
 // pairKey packs a pair of token ids into a map key.
 func pairKey(a, b int32) uint64 { return uint64(uint32(a))<<32 | uint64(uint32(b)) }
 
-// cacheSlots is the number of slots of the piece cache.
-const cacheSlots = 1 << 16
+// cacheSlots is the number of slots of the piece cache, and
+// maxCachedPiece the length in bytes of the longest piece it keeps.
+const (
+	cacheSlots     = 1 << 16
+	maxCachedPiece = 256
+)
 
 // pieceCache is a lock-free direct-mapped cache from pieces to their ids.
 // A piece's hash selects one slot; a new piece overwrites the slot's
@@ -69,6 +73,7 @@ type cacheEntry struct {
 	ids   []int
 }
 
+// newPieceCache returns an empty cache.
 func newPieceCache() pieceCache {
 	return pieceCache{seed: maphash.MakeSeed(), slots: make([]atomic.Pointer[cacheEntry], cacheSlots)}
 }
@@ -285,7 +290,9 @@ func (b *BPE) appendPiece(dst []int, piece string) []int {
 	} else {
 		dst = b.mergeHeap(dst, piece)
 	}
-	slot.Store(&cacheEntry{piece: strings.Clone(piece), ids: slices.Clone(dst[start:])})
+	if len(piece) <= maxCachedPiece {
+		slot.Store(&cacheEntry{piece: strings.Clone(piece), ids: slices.Clone(dst[start:])})
+	}
 	return dst
 }
 

@@ -247,7 +247,7 @@ func parseHuggingFace(data []byte, cfg *hfConfig) (*BPE, error) {
 			byteLevel = false
 		}
 	}
-	if size > 1<<26 {
+	if size > 1<<24 {
 		return nil, fmt.Errorf("vocab id %d is implausibly large", size-1)
 	}
 	vocab := make([][]byte, size)

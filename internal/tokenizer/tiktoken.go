@@ -106,7 +106,7 @@ func readTiktoken(r io.Reader, name string) (*BPE, error) {
 		lineOf[rank] = line
 		seen[string(tok)] = line
 		if rank >= len(vocab) {
-			if rank > 1<<26 {
+			if rank >= 1<<24 {
 				return nil, fmt.Errorf("%s:%d: rank %d is implausibly large", name, line, rank)
 			}
 			vocab = append(vocab, make([][]byte, rank+1-len(vocab))...)

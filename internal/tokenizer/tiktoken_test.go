@@ -351,3 +351,37 @@ func TestLoadDetectsFormat(t *testing.T) {
 		}
 	}
 }
+
+// TestConcurrentEncode encodes from several goroutines at once (run with
+// -race) and compares with sequential results.
+func TestConcurrentEncode(t *testing.T) {
+	b := loadTestTiktoken(t)
+	text := shakespeare(t)[:200_000]
+	var chunks []string
+	for i := 0; i < len(text); i += 10_000 {
+		chunks = append(chunks, text[i:i+10_000])
+	}
+	want := make([][]int, len(chunks))
+	seq := loadTestTiktoken(t)
+	for i, c := range chunks {
+		want[i] = seq.Encode(c)
+	}
+	errs := make(chan error, 4)
+	for g := range 4 {
+		go func() {
+			for k := range chunks {
+				i := (k + 5*g) % len(chunks)
+				if got := b.Encode(chunks[i]); !slices.Equal(got, want[i]) {
+					errs <- fmt.Errorf("goroutine %d: chunk %d differs", g, i)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}
