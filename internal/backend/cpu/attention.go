@@ -1,0 +1,329 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/titan-go/titan/internal/backend"
+)
+
+// Causal grouped-query attention in the manner of FlashAttention-2:
+// queries and keys are cut into tiles of attnTile positions; a worker
+// takes a query tile of one head, multiplies it with the key tiles it can
+// see using gemm.Sgemm (single-threaded, as the worker is already one of
+// many) and keeps an online softmax, so no Tq×Tk matrix is ever held. The
+// backward recomputes each probability tile from q, k and the saved
+// log-sum-exp.
+//
+// Query i sees keys 0..visible(i)-1, a prefix of the keys, so a pair of
+// tiles is either skipped (nothing visible) or computed with its rows and
+// columns trimmed to the visible part, each row then cut at its own
+// column count.
+
+// attnGeom is the geometry of one attention call.
+type attnGeom struct {
+	backend.AttentionDims
+	tile       int
+	nqt, nkt   int // query and key tiles
+	qRow, kRow int // elements between consecutive positions of q and k
+	group      int // query heads per key/value head
+	scale      float32
+}
+
+// newAttnGeom checks d and returns its geometry for tiles of tile positions.
+func newAttnGeom(op string, d backend.AttentionDims, tile int) attnGeom {
+	if d.B < 0 || d.Tq < 0 || d.Tk < 0 || d.NH <= 0 || d.NKV <= 0 || d.HD <= 0 || d.NH%d.NKV != 0 {
+		panic(fmt.Sprintf("cpu: %s: bad dimensions %+v (NH must be a positive multiple of NKV)", op, d))
+	}
+	return attnGeom{
+		AttentionDims: d,
+		tile:          tile,
+		nqt:           (d.Tq + tile - 1) / tile,
+		nkt:           (d.Tk + tile - 1) / tile,
+		qRow:          d.NH * d.HD,
+		kRow:          d.NKV * d.HD,
+		group:         d.NH / d.NKV,
+		scale:         float32(1 / math.Sqrt(float64(d.HD))),
+	}
+}
+
+// visible is the number of keys query i attends to.
+func (g *attnGeom) visible(i int) int {
+	return min(max(g.QPos+i-g.KPos+1, 0), g.Tk)
+}
+
+// firstQuery is the first query that attends to key j (Tq or more if
+// none does).
+func (g *attnGeom) firstQuery(j int) int {
+	return max(j+g.KPos-g.QPos, 0)
+}
+
+// qOff is the offset of q[b, i, h, 0] (also of out, dq and dout).
+func (g *attnGeom) qOff(b, i, h int) int { return ((b*g.Tq+i)*g.NH + h) * g.HD }
+
+// kOff is the offset of k[b, j, kvh, 0] (also of v, dk and dv).
+func (g *attnGeom) kOff(b, j, kvh int) int { return ((b*g.Tk+j)*g.NKV + kvh) * g.HD }
+
+// lseOff is the offset of lse[b, h, i].
+func (g *attnGeom) lseOff(b, h, i int) int { return (b*g.NH+h)*g.Tq + i }
+
+// AttentionForward computes out = softmax(q k^T / sqrt(HD) + causal mask) v
+// and lse, each row's log-sum-exp of the scaled scores. Rows that see no
+// key get out = 0 and lse = -Inf. Each output row is computed by one
+// worker in a fixed order, so the result does not depend on the thread
+// count.
+func (b *Backend) AttentionForward(out, lse, q, k, v backend.Tensor, d backend.AttentionDims) {
+	const op = "AttentionForward"
+	g := newAttnGeom(op, d, b.attnTile)
+	nq, nk := d.B*d.Tq*g.qRow, d.B*d.Tk*g.kRow
+	o := f32n(op, "out", out, nq)
+	ls := f32n(op, "lse", lse, d.B*d.NH*d.Tq)
+	qs := f32n(op, "q", q, nq)
+	ks := f32n(op, "k", k, nk)
+	vs := f32n(op, "v", v, nk)
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	bh := d.B * d.NH
+	// Later query tiles see more keys: hand them out first.
+	b.forItems(bh*g.nqt, func(w, it int) {
+		qt := g.nqt - 1 - it/bh
+		bi, h := it%bh/d.NH, it%d.NH
+		buf := b.workerScratch(w, g.tile*g.tile+3*g.tile)
+		g.forwardTile(buf, o, ls, qs, ks, vs, bi, h, qt)
+	})
+}
+
+// forwardTile computes the rows of query tile qt of head h of batch bi.
+func (g *attnGeom) forwardTile(buf, o, ls, qs, ks, vs []float32, bi, h, qt int) {
+	T, HD := g.tile, g.HD
+	kvh := h / g.group
+	i0 := qt * T
+	rows := min(T, g.Tq-i0)
+	last := g.visible(i0 + rows - 1) // keys [0, last) matter to this tile
+	first := rows                    // rows [0, first) see no key at all
+	if last > 0 {
+		first = max(0, g.firstQuery(0)-i0)
+	}
+	negInf := float32(math.Inf(-1))
+	for r := 0; r < first; r++ {
+		off := g.qOff(bi, i0+r, h)
+		clear(o[off : off+HD])
+		ls[g.lseOff(bi, h, i0+r)] = negInf
+	}
+	if first == rows {
+		return
+	}
+	s := buf[:T*T]
+	m := buf[T*T : T*T+T]
+	l := buf[T*T+T : T*T+2*T]
+	alpha := buf[T*T+2*T : T*T+3*T]
+	for r := first; r < rows; r++ {
+		m[r], l[r] = negInf, 0
+	}
+	for j0 := 0; j0 < last; j0 += T {
+		cols := min(T, last-j0)
+		r0 := max(0, g.firstQuery(j0)-i0) // rows r0.. see key j0
+		nr := rows - r0
+		// S = scale * Q K^T for rows r0.. and the visible columns.
+		sgemm(false, true, nr, cols, HD, g.scale,
+			qs, g.qOff(bi, i0+r0, h), g.qRow,
+			ks, g.kOff(bi, j0, kvh), g.kRow,
+			0, s, 0, T)
+		for r := r0; r < rows; r++ {
+			c := min(cols, g.visible(i0+r)-j0)
+			row := s[(r-r0)*T : (r-r0)*T+cols]
+			mOld := m[r]
+			mNew := rowMax(row[:c])
+			if mOld > mNew {
+				mNew = mOld
+			}
+			sum := expShiftSum(row[:c], mNew)
+			clear(row[c:])
+			corr := expf(mOld - mNew) // 0 on a row's first tile
+			l[r] = l[r]*corr + sum
+			m[r] = mNew
+			alpha[r] = corr
+		}
+		var beta float32
+		if j0 > 0 {
+			beta = 1
+			for r := r0; r < rows; r++ {
+				if alpha[r] != 1 {
+					off := g.qOff(bi, i0+r, h)
+					scale(o[off:off+HD], alpha[r])
+				}
+			}
+		}
+		// O = O*alpha + P V.
+		sgemm(false, false, nr, HD, cols, 1,
+			s, 0, T,
+			vs, g.kOff(bi, j0, kvh), g.kRow,
+			beta, o, g.qOff(bi, i0+r0, h), g.qRow)
+	}
+	for r := first; r < rows; r++ {
+		off := g.qOff(bi, i0+r, h)
+		scale(o[off:off+HD], 1/l[r])
+		ls[g.lseOff(bi, h, i0+r)] = float32(float64(m[r]) + math.Log(float64(l[r])))
+	}
+}
+
+// AttentionBackward accumulates dq, dk and dv. It recomputes, tile by
+// tile, P = exp(scale q k^T - lse), dP = dout v^T and dS = P*(dP - D) with
+// D = rowsum(dout*out), and adds dv += P^T dout, dk += scale dS^T q and
+// dq += scale dS k.
+//
+// Two strategies share the work. When the (batch, key/value head) pairs
+// balance over the workers, one worker owns a pair with all its key tiles
+// and computes dq, dk and dv together. Otherwise one pass over (batch,
+// key/value head, key tile) computes dk and dv, and a second over (batch,
+// head, query tile) recomputes the tiles for dq. Both perform the same
+// products on the same tiles and accumulate every gradient element in the
+// same order, so the result depends neither on the strategy nor on the
+// thread count.
+func (b *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse backend.Tensor, d backend.AttentionDims) {
+	const op = "AttentionBackward"
+	g := newAttnGeom(op, d, b.attnTile)
+	nq, nk := d.B*d.Tq*g.qRow, d.B*d.Tk*g.kRow
+	a := attnBackwardArgs{
+		dq:   f32n(op, "dq", dq, nq),
+		dk:   f32n(op, "dk", dk, nk),
+		dv:   f32n(op, "dv", dv, nk),
+		dout: f32n(op, "dout", dout, nq),
+		q:    f32n(op, "q", q, nq),
+		k:    f32n(op, "k", k, nk),
+		v:    f32n(op, "v", v, nk),
+		lse:  f32n(op, "lse", lse, d.B*d.NH*d.Tq),
+	}
+	o := f32n(op, "out", out, nq)
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	// D[b, h, i] = dout[b, i, h, :] . out[b, i, h, :]
+	a.D = b.sharedScratch(d.B * d.NH * d.Tq)
+	b.pool.For(d.B*d.Tq, rowGrain(g.qRow), func(lo, hi int) {
+		for bt := lo; bt < hi; bt++ {
+			bi, i := bt/d.Tq, bt%d.Tq
+			for h := 0; h < d.NH; h++ {
+				off := g.qOff(bi, i, h)
+				a.D[g.lseOff(bi, h, i)] = dot(a.dout[off:off+d.HD], o[off:off+d.HD])
+			}
+		}
+	})
+	scratch := 2 * g.tile * g.tile
+	pairs := d.B * d.NKV
+	threads := b.pool.Size()
+	fused := pairs >= 2*threads || pairs%threads == 0
+	if b.attnFusedMin > 0 {
+		fused = pairs >= b.attnFusedMin
+	}
+	if fused {
+		b.forItems(pairs, func(w, it int) {
+			buf := b.workerScratch(w, scratch)
+			for kt := 0; kt < g.nkt; kt++ {
+				g.backwardKV(buf, &a, it/d.NKV, it%d.NKV, kt, true)
+			}
+		})
+		return
+	}
+	// Earlier key tiles are seen by more queries: hand them out first.
+	b.forItems(pairs*g.nkt, func(w, it int) {
+		g.backwardKV(b.workerScratch(w, scratch), &a, it%pairs/d.NKV, it%d.NKV, it/pairs, false)
+	})
+	bh := d.B * d.NH
+	b.forItems(bh*g.nqt, func(w, it int) {
+		g.backwardQ(b.workerScratch(w, scratch), &a, it%bh/d.NH, it%d.NH, g.nqt-1-it/bh)
+	})
+}
+
+// attnBackwardArgs holds the slices of one AttentionBackward call.
+type attnBackwardArgs struct {
+	dq, dk, dv, dout, q, k, v, lse []float32
+	D                              []float32 // rowsum(dout*out), laid out like lse
+}
+
+// backwardKV accumulates into dk and dv the key tile kt of key/value head
+// kvh of batch bi, over every query head of its group and every query
+// tile that sees it; withDQ also accumulates dq for those query tiles.
+func (g *attnGeom) backwardKV(buf []float32, a *attnBackwardArgs, bi, kvh, kt int, withDQ bool) {
+	T, HD := g.tile, g.HD
+	j0 := kt * T
+	kOff := g.kOff(bi, j0, kvh)
+	for h := kvh * g.group; h < (kvh+1)*g.group; h++ {
+		for qt := g.firstQuery(j0) / T; qt < g.nqt; qt++ {
+			i0 := qt * T
+			r0, nr, cols := g.backwardTile(buf, a, bi, h, i0, j0)
+			if nr == 0 {
+				continue
+			}
+			qOff := g.qOff(bi, i0+r0, h)
+			sP, sDS := buf[:T*T], buf[T*T:2*T*T]
+			// dV += P^T dO
+			sgemm(true, false, cols, HD, nr, 1,
+				sP, 0, T, a.dout, qOff, g.qRow, 1, a.dv, kOff, g.kRow)
+			// dK += scale dS^T Q
+			sgemm(true, false, cols, HD, nr, g.scale,
+				sDS, 0, T, a.q, qOff, g.qRow, 1, a.dk, kOff, g.kRow)
+			if withDQ {
+				// dQ += scale dS K
+				sgemm(false, false, nr, HD, cols, g.scale,
+					sDS, 0, T, a.k, kOff, g.kRow, 1, a.dq, qOff, g.qRow)
+			}
+		}
+	}
+}
+
+// backwardQ accumulates into dq query tile qt of head h of batch bi.
+func (g *attnGeom) backwardQ(buf []float32, a *attnBackwardArgs, bi, h, qt int) {
+	T, HD := g.tile, g.HD
+	i0 := qt * T
+	rows := min(T, g.Tq-i0)
+	last := g.visible(i0 + rows - 1)
+	kvh := h / g.group
+	for j0 := 0; j0 < last; j0 += T {
+		r0, nr, cols := g.backwardTile(buf, a, bi, h, i0, j0)
+		if nr == 0 {
+			continue
+		}
+		sgemm(false, false, nr, HD, cols, g.scale,
+			buf[T*T:2*T*T], 0, T, a.k, g.kOff(bi, j0, kvh), g.kRow, 1, a.dq, g.qOff(bi, i0+r0, h), g.qRow)
+	}
+}
+
+// backwardTile recomputes, for the query tile starting at row i0 of head h
+// and the key tile starting at key j0, the probabilities P (into buf[:T*T])
+// and dS = P*(dP - D) (into buf[T*T:2*T*T]), both with leading dimension T.
+// Only rows r0..r0+nr-1 of the query tile and the first cols keys of the
+// key tile can be visible; entries outside the mask are zero. nr is zero
+// when the tiles do not interact.
+func (g *attnGeom) backwardTile(buf []float32, a *attnBackwardArgs, bi, h, i0, j0 int) (r0, nr, cols int) {
+	T, HD := g.tile, g.HD
+	rows := min(T, g.Tq-i0)
+	last := g.visible(i0 + rows - 1)
+	if last <= j0 {
+		return 0, 0, 0
+	}
+	kvh := h / g.group
+	cols = min(T, last-j0)
+	r0 = max(0, g.firstQuery(j0)-i0)
+	nr = rows - r0
+	sP, sDS := buf[:T*T], buf[T*T:2*T*T]
+	qOff, kOff := g.qOff(bi, i0+r0, h), g.kOff(bi, j0, kvh)
+	// S = scale Q K^T and dP = dO V^T.
+	sgemm(false, true, nr, cols, HD, g.scale, a.q, qOff, g.qRow, a.k, kOff, g.kRow, 0, sP, 0, T)
+	sgemm(false, true, nr, cols, HD, 1, a.dout, qOff, g.qRow, a.v, kOff, g.kRow, 0, sDS, 0, T)
+	for r := r0; r < rows; r++ {
+		c := min(cols, g.visible(i0+r)-j0)
+		lse := a.lse[g.lseOff(bi, h, i0+r)]
+		dd := a.D[g.lseOff(bi, h, i0+r)]
+		ps := sP[(r-r0)*T : (r-r0)*T+cols]
+		ds := sDS[(r-r0)*T : (r-r0)*T+cols][:len(ps)]
+		expShiftSum(ps[:c], lse)
+		for x, e := range ps[:c] {
+			ds[x] = e * (ds[x] - dd)
+		}
+		clear(ps[c:])
+		clear(ds[c:])
+	}
+	return r0, nr, cols
+}

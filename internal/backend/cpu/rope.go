@@ -1,0 +1,86 @@
+package cpu
+
+import (
+	"fmt"
+
+	"github.com/titan-go/titan/internal/backend"
+)
+
+// ropeDims checks the RoPE dimensions and returns HD/2.
+func ropeDims(op string, B, T, NH, HD int) int {
+	if B < 0 || T < 0 || NH < 0 || HD < 0 || HD%2 != 0 {
+		panic(fmt.Sprintf("cpu: %s: bad dimensions B=%d T=%d NH=%d HD=%d (HD must be even)", op, B, T, NH, HD))
+	}
+	return HD / 2
+}
+
+// RoPEForward rotates each pair (x[2i], x[2i+1]) of every head of inp
+// [B, T, NH, HD] by the angle whose cosine and sine are cos[t, i] and
+// sin[t, i] (tables [T, HD/2]), the interleaved complex-number layout of
+// torchtitan and Meta's Llama:
+//
+//	out[2i]   = x[2i]*cos - x[2i+1]*sin
+//	out[2i+1] = x[2i]*sin + x[2i+1]*cos
+//
+// out may alias inp.
+func (b *Backend) RoPEForward(out, inp, cos, sin backend.Tensor, B, T, NH, HD int) {
+	const op = "RoPEForward"
+	half := ropeDims(op, B, T, NH, HD)
+	n := B * T * NH * HD
+	o := f32n(op, "out", out, n)
+	x := f32n(op, "inp", inp, n)
+	cs := f32n(op, "cos", cos, T*half)
+	sn := f32n(op, "sin", sin, T*half)
+	row := NH * HD
+	b.pool.For(B*T, rowGrain(row), func(lo, hi int) {
+		for bt := lo; bt < hi; bt++ {
+			t := bt % T
+			c := cs[t*half : (t+1)*half]
+			s := sn[t*half : (t+1)*half][:len(c)]
+			for h := 0; h < NH; h++ {
+				off := bt*row + h*HD
+				xi := x[off : off+HD]
+				oi := o[off : off+HD][:len(xi)]
+				for i := range c {
+					x0, x1 := xi[2*i], xi[2*i+1]
+					oi[2*i] = x0*c[i] - x1*s[i]
+					oi[2*i+1] = x0*s[i] + x1*c[i]
+				}
+			}
+		}
+	})
+}
+
+// RoPEBackward accumulates the inverse rotation of dout into dinp:
+//
+//	dinp[2i]   += d[2i]*cos + d[2i+1]*sin
+//	dinp[2i+1] += d[2i+1]*cos - d[2i]*sin
+//
+// dinp must not alias dout.
+func (b *Backend) RoPEBackward(dinp, dout, cos, sin backend.Tensor, B, T, NH, HD int) {
+	const op = "RoPEBackward"
+	half := ropeDims(op, B, T, NH, HD)
+	n := B * T * NH * HD
+	dx := f32n(op, "dinp", dinp, n)
+	d := f32n(op, "dout", dout, n)
+	cs := f32n(op, "cos", cos, T*half)
+	sn := f32n(op, "sin", sin, T*half)
+	row := NH * HD
+	b.pool.For(B*T, rowGrain(row), func(lo, hi int) {
+		for bt := lo; bt < hi; bt++ {
+			t := bt % T
+			c := cs[t*half : (t+1)*half]
+			s := sn[t*half : (t+1)*half][:len(c)]
+			for h := 0; h < NH; h++ {
+				off := bt*row + h*HD
+				di := d[off : off+HD]
+				dxi := dx[off : off+HD][:len(di)]
+				for i := range c {
+					d0, d1 := di[2*i], di[2*i+1]
+					dxi[2*i] += d0*c[i] + d1*s[i]
+					dxi[2*i+1] += d1*c[i] - d0*s[i]
+				}
+			}
+		}
+	})
+}
