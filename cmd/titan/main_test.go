@@ -9,9 +9,21 @@ import (
 	"testing"
 )
 
+// TestMain lets the test binary stand in for titan when a launcher under
+// test starts it as a worker.
+func TestMain(m *testing.M) {
+	if os.Getenv("TITANTEST_RUN_MAIN") == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Setenv("TITANTEST_RUN_MAIN", "1") // inherited by workers only
+	os.Exit(m.Run())
+}
+
 // titan runs the CLI in-process and returns its output.
 func titan(t *testing.T, args ...string) (string, error) {
 	t.Helper()
+	commandArgs = args
 	root := newRootCmd()
 	var out bytes.Buffer
 	root.SetOut(&out)

@@ -7,10 +7,12 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/titan-go/titan/internal/config"
+	"github.com/titan-go/titan/internal/launch"
 	"github.com/titan-go/titan/internal/train"
 )
 
@@ -39,16 +41,26 @@ func (f *recipeFlags) load() (*config.Job, error) {
 
 func newTrainCmd() *cobra.Command {
 	var rf recipeFlags
+	var lf launchFlags
 	cmd := &cobra.Command{
 		Use:   "train",
 		Short: "Train a model from a recipe",
 		Long: `Train a model from a TOML recipe.
 
 A run whose dump folder already holds checkpoints resumes from the newest
-one. Ctrl-C stops after the current step and saves a checkpoint.`,
+one. Ctrl-C stops after the current step and saves a checkpoint.
+
+With --nproc N, titan starts N worker processes that split the CPU cores
+and train data parallel; --nnodes, --node-rank and --rdzv-endpoint span
+several machines as with torchrun. Under Slurm (srun) or with the env://
+variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE) every process is a
+worker and no flag is needed.`,
 		Example: `  titan train --recipe recipes/llama3_debug.toml
   titan train --recipe recipes/llama3_debug.toml --set training.steps=50 --set job.dump_folder=/tmp/run1
-  TITAN_TRAINING_SEED=7 titan train --recipe recipes/llama3_tiny_bench.toml`,
+  TITAN_TRAINING_SEED=7 titan train --recipe recipes/llama3_tiny_bench.toml
+  titan train --recipe recipes/llama3_debug.toml --nproc 2
+  titan train --recipe r.toml --nnodes 2 --node-rank 0 --rdzv-endpoint 10.0.0.1:29500 --nproc 8
+  srun -n 4 titan train --recipe recipes/llama3_debug.toml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			job, err := rf.load()
@@ -62,21 +74,32 @@ one. Ctrl-C stops after the current step and saves a checkpoint.`,
 				}
 				fmt.Fprint(cmd.OutOrStdout(), s)
 			}
-			tr, err := train.New(job, cmd.OutOrStdout())
-			if err != nil {
-				return err
-			}
-			defer tr.Close()
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			err = tr.Run(ctx)
-			if errors.Is(err, context.Canceled) {
+			cs := commSettings{
+				Timeout:  time.Duration(job.Comm.TrainTimeoutSeconds) * time.Second,
+				TraceDir: traceDir(job.Job.DumpFolder, job.Comm.SaveTracesFolder),
+			}
+			err = lf.distributed(ctx, cs, func(w *launch.Worker) error {
+				var dist *train.Dist
+				if w != nil {
+					dist = &train.Dist{Rank: w.Rank, World: w.WorldSize, Group: w.World, Threads: w.Threads}
+				}
+				tr, err := train.New(job, cmd.OutOrStdout(), dist)
+				if err != nil {
+					return err
+				}
+				defer tr.Close()
+				return tr.Run(ctx)
+			})
+			if errors.Is(err, context.Canceled) || errors.Is(err, launch.ErrInterrupted) {
 				return fmt.Errorf("interrupted; resume with the same command")
 			}
 			return err
 		},
 	}
 	rf.register(cmd)
+	lf.register(cmd)
 	return cmd
 }
 

@@ -39,8 +39,12 @@ type Logger struct {
 }
 
 // Open appends to <dumpFolder>/metrics.jsonl (creating the folder) and
-// prints to console. totalSteps sizes the progress bar.
+// prints to console; with dumpFolder "" it only prints. totalSteps sizes
+// the progress bar.
 func Open(dumpFolder string, console io.Writer, totalSteps int) (*Logger, error) {
+	if dumpFolder == "" {
+		return &Logger{console: console, tty: isTerminal(console), total: totalSteps}, nil
+	}
 	if err := os.MkdirAll(dumpFolder, 0o755); err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
@@ -75,6 +79,9 @@ func Line(r Record) string {
 func (l *Logger) Log(r Record) error {
 	l.clearBar()
 	fmt.Fprintln(l.console, Line(r))
+	if l.file == nil {
+		return nil
+	}
 	b, err := json.Marshal(r)
 	if err != nil {
 		return err
@@ -114,6 +121,9 @@ func (l *Logger) clearBar() {
 // Close flushes and closes metrics.jsonl.
 func (l *Logger) Close() error {
 	l.clearBar()
+	if l.file == nil {
+		return nil
+	}
 	if err := l.buf.Flush(); err != nil {
 		l.file.Close()
 		return err

@@ -23,6 +23,9 @@ func checkpointDir(folder string, step int) string { return checkpoint.StepDir(f
 // save writes a checkpoint of the current step (model only, or the full
 // training state) and purges old ones.
 func (tr *Trainer) save(modelOnly bool) error {
+	if tr.dist.Rank != 0 {
+		return nil // every rank holds the same state; rank 0 writes it
+	}
 	be, m := tr.be, tr.Model
 	params := make([]float32, m.Params.Len)
 	be.Download(params, m.Params)

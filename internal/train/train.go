@@ -16,8 +16,10 @@ import (
 	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/backend/cpu"
 	"github.com/titan-go/titan/internal/backend/cpu/gemm"
+	"github.com/titan-go/titan/internal/comm"
 	"github.com/titan-go/titan/internal/config"
 	"github.com/titan-go/titan/internal/data"
+	"github.com/titan-go/titan/internal/mesh"
 	"github.com/titan-go/titan/internal/metrics"
 	"github.com/titan-go/titan/internal/model/llama"
 	"github.com/titan-go/titan/internal/optim"
@@ -39,6 +41,7 @@ type Trainer struct {
 	OnStep func(step int, loss float64)
 
 	be         backend.Backend
+	dist       Dist
 	accum      int
 	log        *metrics.Logger
 	out        io.Writer
@@ -46,6 +49,15 @@ type Trainer struct {
 	peakFLOPS  float64
 	elapsed    float64 // seconds of training before this process (resumed runs)
 	ckptFolder string
+}
+
+// Dist places a trainer in a data-parallel job.
+type Dist struct {
+	Rank, World int
+	// Group holds every rank of the job; nil when World is 1.
+	Group comm.Group
+	// Threads is this worker's share of the CPU cores (0: all).
+	Threads int
 }
 
 // Seed is the recipe's seed, or 0.
@@ -58,12 +70,26 @@ func seedOf(job *config.Job) uint64 {
 
 // New builds a trainer from a validated recipe, resuming from the newest
 // checkpoint in the dump folder when there is one.
-func New(job *config.Job, out io.Writer) (*Trainer, error) {
+//
+// dist places the trainer in a data-parallel job (nil: one process). Every
+// rank reads the same global batch and trains on its rows; gradients are
+// summed over the ranks before the optimizer step, so every rank holds the
+// same parameters, and rank 0 alone logs and writes checkpoints.
+func New(job *config.Job, out io.Writer, dist *Dist) (*Trainer, error) {
 	cfg, err := ModelConfig(job)
 	if err != nil {
 		return nil, err
 	}
-	tr := &Trainer{Job: job, Cfg: cfg, out: out, seed: seedOf(job)}
+	tr := &Trainer{Job: job, Cfg: cfg, out: out, seed: seedOf(job), dist: Dist{World: 1}}
+	if dist != nil {
+		tr.dist = *dist
+	}
+	if err := checkParallelism(job, tr.dist.World); err != nil {
+		return nil, err
+	}
+	if tr.dist.Rank != 0 {
+		tr.out = io.Discard
+	}
 	tr.Tok, err = LoadTokenizer(job.Model.TokenizerPath)
 	if err != nil {
 		return nil, err
@@ -83,7 +109,7 @@ func New(job *config.Job, out io.Writer) (*Trainer, error) {
 	}
 	v := job.Validation
 	heldOut := v.Enable && v.Dataset == "" && v.DatasetPath == ""
-	tr.Data, err = OpenData(job.Training.Dataset, job.Training.DatasetPath, T, B*tr.accum, tr.seed, tr.Tok, heldOut, false)
+	tr.Data, err = OpenData(job.Training.Dataset, job.Training.DatasetPath, T, B*tr.accum*tr.dist.World, tr.seed, tr.Tok, heldOut, false)
 	if err != nil {
 		return nil, fmt.Errorf("training dataset: %w", err)
 	}
@@ -92,11 +118,15 @@ func New(job *config.Job, out io.Writer) (*Trainer, error) {
 		if heldOut {
 			ds, path = job.Training.Dataset, job.Training.DatasetPath
 		}
-		if tr.Val, err = OpenData(ds, path, T, B, tr.seed, tr.Tok, heldOut, heldOut); err != nil {
+		if tr.Val, err = OpenData(ds, path, T, B*tr.dist.World, tr.seed, tr.Tok, heldOut, heldOut); err != nil {
 			return nil, fmt.Errorf("validation dataset: %w", err)
 		}
 	}
-	be := cpu.New(job.Training.Threads)
+	threads := job.Training.Threads
+	if threads == 0 {
+		threads = tr.dist.Threads
+	}
+	be := cpu.New(threads)
 	tr.be = be
 	tr.Model, err = llama.New(be, cfg, B, T, llama.Options{})
 	if err != nil {
@@ -128,6 +158,26 @@ func New(job *config.Job, out io.Writer) (*Trainer, error) {
 	return tr, nil
 }
 
+// checkParallelism accepts the layouts the trainer runs today: data
+// parallel over every rank.
+func checkParallelism(job *config.Job, world int) error {
+	p := job.Parallelism
+	for _, d := range []struct {
+		key string
+		v   int
+	}{
+		{"tensor_parallel_degree", p.TensorParallelDegree},
+		{"pipeline_parallel_degree", p.PipelineParallelDegree},
+		{"context_parallel_degree", p.ContextParallelDegree},
+	} {
+		if d.v != 1 {
+			return fmt.Errorf("parallelism.%s = %d: not implemented yet; titan trains data parallel only (set it to 1)", d.key, d.v)
+		}
+	}
+	_, err := mesh.New(world, mesh.Degrees{PP: 1, DPReplicate: p.DataParallelReplicateDegree, DPShard: p.DataParallelShardDegree, CP: 1, TP: 1})
+	return err
+}
+
 // ModelConfig resolves the recipe's model and checks that the recipe's
 // shapes fit it.
 func ModelConfig(job *config.Job) (llama.Config, error) {
@@ -152,18 +202,23 @@ func (tr *Trainer) Close() {
 }
 
 // Run trains until training.steps or until ctx is cancelled (Ctrl-C), in
-// which case it saves a checkpoint and returns ctx's error.
+// which case it saves a checkpoint and returns ctx's error. In a
+// multi-rank job every rank stops at the same step.
 func (tr *Trainer) Run(ctx context.Context) error {
 	job := tr.Job
 	var err error
-	tr.log, err = metrics.Open(job.Job.DumpFolder, tr.out, job.Training.Steps)
+	folder := job.Job.DumpFolder
+	if tr.dist.Rank != 0 {
+		folder = "" // one metrics.jsonl per job, written by rank 0
+	}
+	tr.log, err = metrics.Open(folder, tr.out, job.Training.Steps)
 	if err != nil {
 		return err
 	}
 	defer tr.log.Close()
 	B, T := tr.Model.B, tr.Model.T
-	tr.log.Printf("titan: llama3 %s, %s parameters, %d sequences × %d tokens per step (%d microbatches), %d threads, gemm %s, peak %.0f GFLOP/s",
-		job.Model.Flavor, humanCount(tr.Cfg.NumParams()), tr.accum*B, T, tr.accum, tr.be.(*cpu.Backend).Threads(), gemm.Kernel(), tr.peakFLOPS/1e9)
+	tr.log.Printf("titan: llama3 %s, %s parameters, %d sequences × %d tokens per step (%d microbatches of %d on each of %d ranks), %d threads per rank, gemm %s, peak %.0f GFLOP/s",
+		job.Model.Flavor, humanCount(tr.Cfg.NumParams()), tr.accum*B*tr.dist.World, T, tr.accum, B, tr.dist.World, tr.be.(*cpu.Backend).Threads(), gemm.Kernel(), tr.peakFLOPS/1e9)
 	if tr.Step > 0 {
 		tr.log.Printf("titan: resumed from %s at step %d", checkpointDir(tr.ckptFolder, tr.Step), tr.Step)
 	}
@@ -178,12 +233,16 @@ func (tr *Trainer) Run(ctx context.Context) error {
 	var lossSum float64
 	var lossN int
 	for tr.Step < job.Training.Steps {
-		if ctx.Err() != nil {
+		stop, err := tr.agree(ctx.Err() != nil)
+		if err != nil {
+			return err
+		}
+		if stop {
 			tr.log.Printf("titan: interrupted after step %d; saving a checkpoint", tr.Step)
 			if err := tr.save(false); err != nil {
 				return err
 			}
-			return ctx.Err()
+			return context.Canceled
 		}
 		loss, gnorm, lr, err := tr.TrainStep()
 		if err != nil {
@@ -195,7 +254,7 @@ func (tr *Trainer) Run(ctx context.Context) error {
 		if tr.OnStep != nil {
 			tr.OnStep(tr.Step, loss)
 		}
-		windowTokens += tr.accum * B * T
+		windowTokens += tr.accum * B * T * tr.dist.World
 		lossSum += loss
 		lossN++
 		tr.log.Progress(tr.Step, loss)
@@ -208,15 +267,20 @@ func (tr *Trainer) Run(ctx context.Context) error {
 			val = &v
 		}
 		if tr.Step%logFreq == 0 || tr.Step == 1 || tr.Step == job.Training.Steps || val != nil {
+			mem, err := tr.maxOverRanks(metrics.PeakRSSGiB())
+			if err != nil {
+				return err
+			}
 			sec := time.Since(windowStart).Seconds()
 			tps := float64(windowTokens) / sec
 			rec := metrics.Record{
 				Step: tr.Step, Loss: lossSum / float64(lossN), GradNorm: gnorm, LR: lr,
-				TokensPerSec: tps, TFLOPs: flopsPerToken * tps / 1e12, MemGiB: metrics.PeakRSSGiB(),
+				TokensPerSec: tps, TFLOPs: flopsPerToken * tps / 1e12, MemGiB: mem,
 				ElapsedS: tr.elapsed + time.Since(start).Seconds(), ValLoss: val,
 			}
 			if tr.peakFLOPS > 0 {
-				rec.MFU = 100 * flopsPerToken * tps / tr.peakFLOPS
+				// Every rank has the same peak: MFU of the whole job.
+				rec.MFU = 100 * flopsPerToken * tps / (tr.peakFLOPS * float64(tr.dist.World))
 			}
 			if err := tr.log.Log(rec); err != nil {
 				return err
@@ -237,15 +301,73 @@ func (tr *Trainer) Run(ctx context.Context) error {
 	return nil
 }
 
+// commCtx is the context of the trainer's collectives: not the run's
+// context, which Ctrl-C cancels while ranks still have to agree to stop.
+var commCtx = context.Background()
+
+// agree reports whether any rank wants to stop.
+func (tr *Trainer) agree(stop bool) (bool, error) {
+	if tr.dist.World == 1 {
+		return stop, nil
+	}
+	v := []float64{0}
+	if stop {
+		v[0] = 1
+	}
+	if err := tr.dist.Group.AllReduce(commCtx, comm.F64(v), comm.Sum); err != nil {
+		return false, err
+	}
+	return v[0] > 0, nil
+}
+
+// maxOverRanks returns the largest x of all ranks.
+func (tr *Trainer) maxOverRanks(x float64) (float64, error) {
+	if tr.dist.World == 1 {
+		return x, nil
+	}
+	v := []float64{x}
+	err := tr.dist.Group.AllReduce(commCtx, comm.F64(v), comm.Max)
+	return v[0], err
+}
+
+// sumOverRanks adds x over all ranks, in place.
+func (tr *Trainer) sumOverRanks(x []float64) error {
+	if tr.dist.World == 1 {
+		return nil
+	}
+	return tr.dist.Group.AllReduce(commCtx, comm.F64(x), comm.Sum)
+}
+
+// reduceGradients sums the gradient buffer over the ranks.
+func (tr *Trainer) reduceGradients() error {
+	if tr.dist.World == 1 {
+		return nil
+	}
+	g := tr.Model.Grads
+	if host, ok := g.Mem.Host.([]float32); ok {
+		return tr.dist.Group.AllReduce(commCtx, comm.F32(host[g.Off:g.Off+g.Len]), comm.Sum)
+	}
+	buf := make([]float32, g.Len)
+	tr.be.Download(buf, g)
+	if err := tr.dist.Group.AllReduce(commCtx, comm.F32(buf), comm.Sum); err != nil {
+		return err
+	}
+	tr.be.Upload(g, buf)
+	return nil
+}
+
 // TrainStep runs one optimizer step over the global batch (accumulating
-// gradients over microbatches) and returns the mean loss, the gradient
-// norm before clipping and the learning rate used.
+// gradients over microbatches and summing them over ranks) and returns the
+// mean loss over the global batch, the gradient norm before clipping and
+// the learning rate used.
 func (tr *Trainer) TrainStep() (loss, gradNorm, lr float64, err error) {
 	m := tr.Model
 	batch, err := tr.Data.Next()
 	if err != nil {
 		return 0, 0, 0, err
 	}
+	// The loss is normalised by the targets of the whole global batch, so
+	// the summed gradient is that of the global mean loss.
 	targets := 0
 	for _, l := range batch.Labels {
 		if l >= 0 {
@@ -255,19 +377,29 @@ func (tr *Trainer) TrainStep() (loss, gradNorm, lr float64, err error) {
 	if targets == 0 {
 		return 0, 0, 0, errors.New("the batch has no targets")
 	}
+	mine, err := batch.Shard(tr.dist.Rank, tr.dist.World)
+	if err != nil {
+		return 0, 0, 0, err
+	}
 	m.ZeroGrad()
-	var lossSum float64
+	sum := []float64{0}
 	n := m.B * m.T
 	for a := 0; a < tr.accum; a++ {
-		in, lab := batch.Inputs[a*n:(a+1)*n], batch.Labels[a*n:(a+1)*n]
+		in, lab := mine.Inputs[a*n:(a+1)*n], mine.Labels[a*n:(a+1)*n]
 		l, err := m.Forward(in, lab)
 		if err != nil {
 			return 0, 0, 0, err
 		}
-		lossSum += float64(l) * float64(m.NumTargets())
+		sum[0] += float64(l) * float64(m.NumTargets())
 		if err := m.Backward(1 / float32(targets)); err != nil {
 			return 0, 0, 0, err
 		}
+	}
+	if err := tr.reduceGradients(); err != nil {
+		return 0, 0, 0, err
+	}
+	if err := tr.sumOverRanks(sum); err != nil {
+		return 0, 0, 0, err
 	}
 	norm, scale := optim.ClipScale(tr.be.SumSquares(m.Grads), float32(tr.Job.Training.MaxNorm))
 	lr = tr.Sched.LR(tr.Step)
@@ -275,33 +407,36 @@ func (tr *Trainer) TrainStep() (loss, gradNorm, lr float64, err error) {
 		return 0, 0, 0, err
 	}
 	tr.Step++
-	return lossSum / float64(targets), norm, lr, nil
+	return sum[0] / float64(targets), norm, lr, nil
 }
 
 // Validate returns the mean loss over steps batches of the validation
-// set (steps <= 0: 10 batches).
+// set (steps <= 0: 10 batches), each rank scoring its rows.
 func (tr *Trainer) Validate(steps int) (float64, error) {
 	if steps <= 0 {
 		steps = 10
 	}
-	var sum float64
-	var n int
+	acc := []float64{0, 0}
 	for i := 0; i < steps; i++ {
 		b, err := tr.Val.Next()
 		if err != nil {
 			return 0, fmt.Errorf("validation: %w", err)
 		}
-		rows := tr.Model.B * tr.Model.T
-		for off := 0; off+rows <= len(b.Inputs); off += rows {
-			l, err := tr.Model.Forward(b.Inputs[off:off+rows], b.Labels[off:off+rows])
-			if err != nil {
-				return 0, err
-			}
-			sum += float64(l) * float64(tr.Model.NumTargets())
-			n += tr.Model.NumTargets()
+		mine, err := b.Shard(tr.dist.Rank, tr.dist.World)
+		if err != nil {
+			return 0, err
 		}
+		l, err := tr.Model.Forward(mine.Inputs, mine.Labels)
+		if err != nil {
+			return 0, err
+		}
+		acc[0] += float64(l) * float64(tr.Model.NumTargets())
+		acc[1] += float64(tr.Model.NumTargets())
 	}
-	return sum / float64(max(n, 1)), nil
+	if err := tr.sumOverRanks(acc); err != nil {
+		return 0, err
+	}
+	return acc[0] / max(acc[1], 1), nil
 }
 
 func humanCount(n int64) string {

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/titan-go/titan/internal/comm"
+	"github.com/titan-go/titan/internal/launch"
+)
+
+// launchFlags are torchrun's flags, shared by train and bench comm.
+type launchFlags struct{ f launch.Flags }
+
+func (l *launchFlags) register(cmd *cobra.Command) {
+	fs := cmd.Flags()
+	fs.IntVar(&l.f.NProc, "nproc", 0, "worker processes on this node (they split the CPU cores)")
+	fs.IntVar(&l.f.NNodes, "nnodes", 0, "number of nodes (one launcher per node)")
+	fs.IntVar(&l.f.NodeRank, "node-rank", 0, "this node's index in [0, nnodes)")
+	fs.StringVar(&l.f.RdzvEndpoint, "rdzv-endpoint", "", "host:port of the control server that node 0 hosts")
+}
+
+// commandArgs are the arguments titan was started with; workers are
+// started with the same ones (the launcher flags then do nothing).
+var commandArgs = os.Args[1:]
+
+// commSettings configure a worker's process groups.
+type commSettings struct {
+	Timeout  time.Duration
+	TraceDir string
+}
+
+// distributed runs fn as this process's part of a job: as a launcher it
+// spawns the workers (which re-enter here) and supervises them; as a
+// worker it joins the job first; standalone it calls fn(nil).
+func (l *launchFlags) distributed(ctx context.Context, cs commSettings, fn func(w *launch.Worker) error) error {
+	spec, err := launch.Detect(os.Environ(), l.f)
+	if err != nil {
+		return err
+	}
+	switch spec.Mode {
+	case launch.ModeLauncher:
+		// The launcher forwards Ctrl-C to its workers itself and waits for
+		// them to save; the signal must not cancel it.
+		return launch.Launch(context.WithoutCancel(ctx), spec, commandArgs, os.Stdout)
+	case launch.ModeWorker:
+		if cs.TraceDir != "" {
+			defer comm.InstallFlightDumpOnSignal(cs.TraceDir)()
+		}
+		w, err := launch.JoinOptions(ctx, spec, comm.Options{Timeout: cs.Timeout, TraceDir: cs.TraceDir})
+		if err != nil {
+			return err
+		}
+		err = fn(w)
+		if cerr := w.Close(err); err == nil {
+			err = cerr
+		}
+		return err
+	}
+	return fn(nil)
+}
+
+// traceDir is where workers dump their flight recorders.
+func traceDir(dumpFolder, sub string) string {
+	if sub == "" {
+		return ""
+	}
+	if filepath.IsAbs(sub) {
+		return sub
+	}
+	return filepath.Join(dumpFolder, sub)
+}
