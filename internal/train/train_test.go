@@ -32,7 +32,7 @@ func testJob(t *testing.T, dump string, steps int) *config.Job {
 
 func lossesOf(t *testing.T, job *config.Job, stopAt int) []float64 {
 	t.Helper()
-	tr, err := New(job, io.Discard)
+	tr, err := New(job, io.Discard, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
