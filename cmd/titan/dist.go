@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -34,9 +35,10 @@ type commSettings struct {
 }
 
 // distributed runs fn as this process's part of a job: as a launcher it
-// spawns the workers (which re-enter here) and supervises them; as a
+// spawns the workers (which re-enter here) and supervises them, copying
+// their output to out; as a
 // worker it joins the job first; standalone it calls fn(nil).
-func (l *launchFlags) distributed(ctx context.Context, cs commSettings, fn func(w *launch.Worker) error) error {
+func (l *launchFlags) distributed(ctx context.Context, out io.Writer, cs commSettings, fn func(w *launch.Worker) error) error {
 	spec, err := launch.Detect(os.Environ(), l.f)
 	if err != nil {
 		return err
@@ -45,7 +47,7 @@ func (l *launchFlags) distributed(ctx context.Context, cs commSettings, fn func(
 	case launch.ModeLauncher:
 		// The launcher forwards Ctrl-C to its workers itself and waits for
 		// them to save; the signal must not cancel it.
-		return launch.Launch(context.WithoutCancel(ctx), spec, commandArgs, os.Stdout)
+		return launch.Launch(context.WithoutCancel(ctx), spec, commandArgs, out)
 	case launch.ModeWorker:
 		if cs.TraceDir != "" {
 			defer comm.InstallFlightDumpOnSignal(cs.TraceDir)()

@@ -60,3 +60,26 @@ func TestWorkerFailureStopsTheJob(t *testing.T) {
 		t.Fatalf("got %v, want an error naming the failed rank", err)
 	}
 }
+
+// TestBenchCommJSON: the comm benchmark prints nccl-tests fields as JSON.
+func TestBenchCommJSON(t *testing.T) {
+	out, err := titan(t, "bench", "comm", "--op", "all_gather", "--size", "1MiB", "--nproc", "2", "--iters", "3", "--json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var r map[string]any
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("not JSON: %q", out)
+	}
+	for _, k := range []string{"op", "size_bytes", "nproc", "time_s", "algbw_gbps", "busbw_gbps"} {
+		if _, ok := r[k]; !ok {
+			t.Errorf("missing %s in %s", k, out)
+		}
+	}
+	if r["nproc"] != 2.0 || r["size_bytes"] != float64(1<<20) || r["busbw_gbps"].(float64) <= 0 {
+		t.Errorf("unexpected result %s", out)
+	}
+	if _, err := titan(t, "bench", "comm", "--op", "gather"); err == nil {
+		t.Error("an unknown op must be refused")
+	}
+}

@@ -80,7 +80,7 @@ worker and no flag is needed.`,
 				Timeout:  time.Duration(job.Comm.TrainTimeoutSeconds) * time.Second,
 				TraceDir: traceDir(job.Job.DumpFolder, job.Comm.SaveTracesFolder),
 			}
-			err = lf.distributed(ctx, cs, func(w *launch.Worker) error {
+			err = lf.distributed(ctx, os.Stdout, cs, func(w *launch.Worker) error {
 				var dist *train.Dist
 				if w != nil {
 					dist = &train.Dist{Rank: w.Rank, World: w.WorldSize, Group: w.World, Threads: w.Threads}
