@@ -23,7 +23,10 @@ type Record struct {
 	TFLOPs       float64 `json:"tflops"`
 	MFU          float64 `json:"mfu"` // percent of the device's peak
 	MemGiB       float64 `json:"mem_gib"`
-	ElapsedS     float64 `json:"elapsed_s"`
+	// StateGiB is the memory of one worker's parameters, gradients and
+	// optimizer state (its shards under FSDP; the largest over workers).
+	StateGiB float64 `json:"state_gib"`
+	ElapsedS float64 `json:"elapsed_s"`
 	// ValLoss is set on steps that ran validation.
 	ValLoss *float64 `json:"val_loss,omitempty"`
 }
@@ -67,8 +70,8 @@ func isTerminal(w io.Writer) bool {
 
 // Line formats a record the way the console shows it.
 func Line(r Record) string {
-	s := fmt.Sprintf("step %5d  loss %7.4f  grad_norm %7.4f  lr %.3e  tokens/s %8.0f  tflops %7.4f  mfu %5.2f%%  mem %6.3f GiB",
-		r.Step, r.Loss, r.GradNorm, r.LR, r.TokensPerSec, r.TFLOPs, r.MFU, r.MemGiB)
+	s := fmt.Sprintf("step %5d  loss %7.4f  grad_norm %7.4f  lr %.3e  tokens/s %8.0f  tflops %7.4f  mfu %5.2f%%  mem %6.3f GiB  state %6.3f GiB",
+		r.Step, r.Loss, r.GradNorm, r.LR, r.TokensPerSec, r.TFLOPs, r.MFU, r.MemGiB, r.StateGiB)
 	if r.ValLoss != nil {
 		s += fmt.Sprintf("  val_loss %7.4f", *r.ValLoss)
 	}

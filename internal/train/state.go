@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/checkpoint"
 	"github.com/titan-go/titan/internal/modelfile"
+	"github.com/titan-go/titan/internal/parallel/fsdp"
 )
 
 // trainState is the train_state blob of a checkpoint.
@@ -20,25 +22,53 @@ type trainState struct {
 
 func checkpointDir(folder string, step int) string { return checkpoint.StepDir(folder, step) }
 
-// save writes a checkpoint of the current step (model only, or the full
-// training state) and purges old ones.
-func (tr *Trainer) save(modelOnly bool) error {
-	if tr.dist.Rank != 0 {
-		return nil // every rank holds the same state; rank 0 writes it
+// fullState returns the whole flat parameters and, unless modelOnly, the
+// optimizer moments. Under sharded data parallelism it all-gathers them
+// over the shard group, so every rank must call it.
+func (tr *Trainer) fullState(modelOnly bool) (params, mv, vv []float32, err error) {
+	if tr.fs != nil {
+		if params, err = tr.fs.GatherFull(tr.fs.Params); err != nil || modelOnly {
+			return params, nil, nil, err
+		}
+		if mv, err = tr.fs.GatherFull(tr.Opt.M); err != nil {
+			return nil, nil, nil, err
+		}
+		vv, err = tr.fs.GatherFull(tr.Opt.V)
+		return params, mv, vv, err
 	}
 	be, m := tr.be, tr.Model
-	params := make([]float32, m.Params.Len)
+	params = make([]float32, m.Params.Len)
 	be.Download(params, m.Params)
+	if modelOnly {
+		return params, nil, nil, nil
+	}
+	mv = make([]float32, m.Params.Len)
+	vv = make([]float32, m.Params.Len)
+	be.Download(mv, tr.Opt.M)
+	be.Download(vv, tr.Opt.V)
+	return params, mv, vv, nil
+}
+
+// save writes a checkpoint of the current step (model only, or the full
+// training state) and purges old ones. Every rank calls it: under FSDP
+// the shards are first all-gathered (every rank of a shard group then
+// holds the whole state, transiently), and rank 0 writes the whole
+// tensors as a one-process run does. Sharded parallel writes are future
+// work.
+func (tr *Trainer) save(modelOnly bool) error {
+	params, mv, vv, err := tr.fullState(modelOnly)
+	if err != nil {
+		return fmt.Errorf("checkpoint: gathering the state: %w", err)
+	}
+	if tr.dist.Rank != 0 {
+		return nil // rank 0 writes the state every replica holds
+	}
 	shards := modelfile.Shards(tr.Cfg, params)
 	blobs, err := modelfile.Blobs(modelfile.Description{Name: "llama3", Flavor: tr.Job.Model.Flavor, Config: tr.Cfg}, tr.Job.Model.TokenizerPath)
 	if err != nil {
 		return err
 	}
 	if !modelOnly {
-		mv := make([]float32, m.Params.Len)
-		vv := make([]float32, m.Params.Len)
-		be.Download(mv, tr.Opt.M)
-		be.Download(vv, tr.Opt.V)
 		shards = append(shards, modelfile.PrefixedShards("optimizer/exp_avg/", tr.Cfg, mv)...)
 		shards = append(shards, modelfile.PrefixedShards("optimizer/exp_avg_sq/", tr.Cfg, vv)...)
 		ts, _ := json.Marshal(trainState{Step: tr.Step, OptStep: tr.Opt.Step, Seed: tr.seed, Flavor: tr.Job.Model.Flavor, ElapsedS: tr.elapsed})
@@ -112,12 +142,35 @@ func (tr *Trainer) restore() error {
 	return nil
 }
 
-func (tr *Trainer) loadModelOnly(r *checkpoint.Reader, step int) error {
-	params := make([]float32, tr.Model.Params.Len)
-	if err := modelfile.ReadPrefixed(r, "model/", tr.Cfg, params); err != nil {
+// loadTensor reads the tensors prefix+<parameter> into dst, a flat
+// buffer (the model's parameters or an optimizer moment) or, under FSDP,
+// this rank's shards of one, read range by range.
+func (tr *Trainer) loadTensor(r *checkpoint.Reader, prefix string, dst backend.Tensor) error {
+	if tr.fs != nil {
+		return tr.fs.Load(dst, func(lo int, out []float32) error {
+			return fsdp.ReadRange(r, prefix, tr.Cfg, lo, out)
+		})
+	}
+	flat := make([]float32, dst.Len)
+	if err := modelfile.ReadPrefixed(r, prefix, tr.Cfg, flat); err != nil {
 		return err
 	}
-	tr.be.Upload(tr.Model.Params, params)
+	tr.be.Upload(dst, flat)
+	return nil
+}
+
+// paramsTensor is the buffer that holds this rank's parameters.
+func (tr *Trainer) paramsTensor() backend.Tensor {
+	if tr.fs != nil {
+		return tr.fs.Params
+	}
+	return tr.Model.Params
+}
+
+func (tr *Trainer) loadModelOnly(r *checkpoint.Reader, step int) error {
+	if err := tr.loadTensor(r, "model/", tr.paramsTensor()); err != nil {
+		return err
+	}
 	tr.Step = step
 	return nil
 }
@@ -134,21 +187,14 @@ func (tr *Trainer) loadFull(r *checkpoint.Reader) error {
 	if ts.Flavor != tr.Job.Model.Flavor {
 		return fmt.Errorf("checkpoint %s holds a %s model, the recipe asks for %s", r.Dir, ts.Flavor, tr.Job.Model.Flavor)
 	}
-	n := tr.Model.Params.Len
-	params, mv, vv := make([]float32, n), make([]float32, n), make([]float32, n)
-	if err := modelfile.ReadPrefixed(r, "model/", tr.Cfg, params); err != nil {
-		return err
-	}
 	exclude := tr.Job.Checkpoint.ExcludeFromLoading
 	if !slices.Contains(exclude, "optimizer") {
-		if err := modelfile.ReadPrefixed(r, "optimizer/exp_avg/", tr.Cfg, mv); err != nil {
+		if err := tr.loadTensor(r, "optimizer/exp_avg/", tr.Opt.M); err != nil {
 			return err
 		}
-		if err := modelfile.ReadPrefixed(r, "optimizer/exp_avg_sq/", tr.Cfg, vv); err != nil {
+		if err := tr.loadTensor(r, "optimizer/exp_avg_sq/", tr.Opt.V); err != nil {
 			return err
 		}
-		tr.be.Upload(tr.Opt.M, mv)
-		tr.be.Upload(tr.Opt.V, vv)
 		tr.Opt.Step = ts.OptStep
 	}
 	if !slices.Contains(exclude, "dataloader") {
@@ -167,7 +213,9 @@ func (tr *Trainer) loadFull(r *checkpoint.Reader) error {
 			}
 		}
 	}
-	tr.be.Upload(tr.Model.Params, params)
+	if err := tr.loadTensor(r, "model/", tr.paramsTensor()); err != nil {
+		return err
+	}
 	tr.Step, tr.seed, tr.elapsed = ts.Step, ts.Seed, ts.ElapsedS
 	return nil
 }

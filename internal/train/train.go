@@ -23,6 +23,7 @@ import (
 	"github.com/titan-go/titan/internal/metrics"
 	"github.com/titan-go/titan/internal/model/llama"
 	"github.com/titan-go/titan/internal/optim"
+	"github.com/titan-go/titan/internal/parallel/fsdp"
 	"github.com/titan-go/titan/internal/tokenizer"
 )
 
@@ -49,6 +50,10 @@ type Trainer struct {
 	peakFLOPS  float64
 	elapsed    float64 // seconds of training before this process (resumed runs)
 	ckptFolder string
+	// mesh is the device mesh of a multi-rank job, and fs its sharded
+	// data-parallel runtime (FSDP, HSDP or DDP); both nil on one process.
+	mesh *mesh.Mesh
+	fs   *fsdp.Runtime
 }
 
 // Dist places a trainer in a data-parallel job.
@@ -72,9 +77,12 @@ func seedOf(job *config.Job) uint64 {
 // checkpoint in the dump folder when there is one.
 //
 // dist places the trainer in a data-parallel job (nil: one process). Every
-// rank reads the same global batch and trains on its rows; gradients are
-// summed over the ranks before the optimizer step, so every rank holds the
-// same parameters, and rank 0 alone logs and writes checkpoints.
+// rank reads the same global batch and trains on its rows. The ranks form
+// the mesh dp_replicate × dp_shard of [parallelism]: parameters,
+// gradients and optimizer state are sharded over dp_shard (FSDP) and
+// gradients all-reduced over dp_replicate (DDP; both: HSDP), so that
+// every replica holds the same parameters. Rank 0 alone logs and writes
+// checkpoints.
 func New(job *config.Job, out io.Writer, dist *Dist) (*Trainer, error) {
 	cfg, err := ModelConfig(job)
 	if err != nil {
@@ -84,7 +92,7 @@ func New(job *config.Job, out io.Writer, dist *Dist) (*Trainer, error) {
 	if dist != nil {
 		tr.dist = *dist
 	}
-	if err := checkParallelism(job, tr.dist.World); err != nil {
+	if tr.mesh, err = checkParallelism(job, tr.dist.World); err != nil {
 		return nil, err
 	}
 	if tr.dist.Rank != 0 {
@@ -128,12 +136,19 @@ func New(job *config.Job, out io.Writer, dist *Dist) (*Trainer, error) {
 	}
 	be := cpu.New(threads)
 	tr.be = be
-	tr.Model, err = llama.New(be, cfg, B, T, llama.Options{})
+	tr.Model, err = llama.New(be, cfg, B, T, llama.Options{External: tr.dist.World > 1})
 	if err != nil {
 		return nil, err
 	}
+	nOpt := tr.Model.Params.Len
+	if tr.dist.World > 1 {
+		if tr.fs, err = tr.newSharding(be); err != nil {
+			return nil, err
+		}
+		nOpt = tr.fs.Params.Len
+	}
 	oc := job.Optimizer
-	tr.Opt = optim.NewAdamW(be, tr.Model.Params.Len, optim.AdamWConfig{
+	tr.Opt = optim.NewAdamW(be, nOpt, optim.AdamWConfig{
 		LR: float32(oc.LR), Beta1: float32(oc.Beta1), Beta2: float32(oc.Beta2), Eps: float32(oc.Eps), WeightDecay: float32(oc.WeightDecay),
 	})
 	ls := job.LRScheduler
@@ -151,16 +166,48 @@ func New(job *config.Job, out io.Writer, dist *Dist) (*Trainer, error) {
 		tr.peakFLOPS = p.PeakFLOPS()
 	}
 	tr.ckptFolder = filepath.Join(job.Job.DumpFolder, job.Checkpoint.Folder)
-	tr.Model.Init(tr.seed)
+	if tr.fs != nil {
+		tr.fs.InitParams(tr.seed)
+	} else {
+		tr.Model.Init(tr.seed)
+	}
 	if err := tr.restore(); err != nil {
 		return nil, err
 	}
 	return tr, nil
 }
 
+// newSharding creates this rank's dp_shard and dp_replicate groups (every
+// rank creates its own two, shard group first) and the sharded
+// data-parallel runtime over them.
+func (tr *Trainer) newSharding(be backend.Backend) (*fsdp.Runtime, error) {
+	reshard, err := fsdp.ParseReshard(tr.Job.Parallelism.FSDPReshardAfterForward)
+	if err != nil {
+		return nil, fmt.Errorf("parallelism: %w", err)
+	}
+	c := fsdp.Config{Reshard: reshard}
+	for _, d := range []struct {
+		dim string
+		g   *comm.Group
+	}{{"dp_shard", &c.Shard}, {"dp_replicate", &c.Replicate}} {
+		ranks, err := tr.mesh.Group(tr.dist.Rank, d.dim)
+		if err != nil {
+			return nil, err
+		}
+		if len(ranks) == 1 {
+			continue
+		}
+		if *d.g, err = comm.NewGroup(commCtx, tr.dist.Group, ranks, d.dim); err != nil {
+			return nil, fmt.Errorf("%s group %v: %w", d.dim, ranks, err)
+		}
+	}
+	return fsdp.New(be, tr.Model, c)
+}
+
 // checkParallelism accepts the layouts the trainer runs today: data
-// parallel over every rank.
-func checkParallelism(job *config.Job, world int) error {
+// parallel over every rank, sharded over dp_shard and replicated over
+// dp_replicate; it returns the mesh.
+func checkParallelism(job *config.Job, world int) (*mesh.Mesh, error) {
 	p := job.Parallelism
 	for _, d := range []struct {
 		key string
@@ -171,11 +218,24 @@ func checkParallelism(job *config.Job, world int) error {
 		{"context_parallel_degree", p.ContextParallelDegree},
 	} {
 		if d.v != 1 {
-			return fmt.Errorf("parallelism.%s = %d: not implemented yet; titan trains data parallel only (set it to 1)", d.key, d.v)
+			return nil, fmt.Errorf("parallelism.%s = %d: not implemented yet; titan trains data parallel only (set it to 1)", d.key, d.v)
 		}
 	}
-	_, err := mesh.New(world, mesh.Degrees{PP: 1, DPReplicate: p.DataParallelReplicateDegree, DPShard: p.DataParallelShardDegree, CP: 1, TP: 1})
-	return err
+	if _, err := fsdp.ParseReshard(p.FSDPReshardAfterForward); err != nil {
+		return nil, fmt.Errorf("parallelism: %w", err)
+	}
+	return mesh.New(world, mesh.Degrees{PP: 1, DPReplicate: p.DataParallelReplicateDegree, DPShard: p.DataParallelShardDegree, CP: 1, TP: 1})
+}
+
+// stateBytes is the memory of this rank's parameters, gradients and
+// optimizer moments (their shards under FSDP); gathered unit buffers are
+// transient and not included.
+func (tr *Trainer) stateBytes() int64 {
+	opt := int64(tr.Opt.M.Len+tr.Opt.V.Len) * 4
+	if tr.fs != nil {
+		return tr.fs.StateBytes() + opt
+	}
+	return int64(tr.Model.Params.Len+tr.Model.Grads.Len)*4 + opt
 }
 
 // ModelConfig resolves the recipe's model and checks that the recipe's
@@ -219,6 +279,9 @@ func (tr *Trainer) Run(ctx context.Context) error {
 	B, T := tr.Model.B, tr.Model.T
 	tr.log.Printf("titan: llama3 %s, %s parameters, %d sequences × %d tokens per step (%d microbatches of %d on each of %d ranks), %d threads per rank, gemm %s, peak %.0f GFLOP/s",
 		job.Model.Flavor, humanCount(tr.Cfg.NumParams()), tr.accum*B*tr.dist.World, T, tr.accum, B, tr.dist.World, tr.be.(*cpu.Backend).Threads(), gemm.Kernel(), tr.peakFLOPS/1e9)
+	if tr.mesh != nil {
+		tr.log.Printf("titan: mesh %s, fsdp_reshard_after_forward %q", tr.mesh, job.Parallelism.FSDPReshardAfterForward)
+	}
 	if tr.Step > 0 {
 		tr.log.Printf("titan: resumed from %s at step %d", checkpointDir(tr.ckptFolder, tr.Step), tr.Step)
 	}
@@ -271,11 +334,15 @@ func (tr *Trainer) Run(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
+			state, err := tr.maxOverRanks(float64(tr.stateBytes()) / (1 << 30))
+			if err != nil {
+				return err
+			}
 			sec := time.Since(windowStart).Seconds()
 			tps := float64(windowTokens) / sec
 			rec := metrics.Record{
 				Step: tr.Step, Loss: lossSum / float64(lossN), GradNorm: gnorm, LR: lr,
-				TokensPerSec: tps, TFLOPs: flopsPerToken * tps / 1e12, MemGiB: mem,
+				TokensPerSec: tps, TFLOPs: flopsPerToken * tps / 1e12, MemGiB: mem, StateGiB: state,
 				ElapsedS: tr.elapsed + time.Since(start).Seconds(), ValLoss: val,
 			}
 			if tr.peakFLOPS > 0 {
@@ -338,24 +405,6 @@ func (tr *Trainer) sumOverRanks(x []float64) error {
 	return tr.dist.Group.AllReduce(commCtx, comm.F64(x), comm.Sum)
 }
 
-// reduceGradients sums the gradient buffer over the ranks.
-func (tr *Trainer) reduceGradients() error {
-	if tr.dist.World == 1 {
-		return nil
-	}
-	g := tr.Model.Grads
-	if host, ok := g.Mem.Host.([]float32); ok {
-		return tr.dist.Group.AllReduce(commCtx, comm.F32(host[g.Off:g.Off+g.Len]), comm.Sum)
-	}
-	buf := make([]float32, g.Len)
-	tr.be.Download(buf, g)
-	if err := tr.dist.Group.AllReduce(commCtx, comm.F32(buf), comm.Sum); err != nil {
-		return err
-	}
-	tr.be.Upload(g, buf)
-	return nil
-}
-
 // TrainStep runs one optimizer step over the global batch (accumulating
 // gradients over microbatches and summing them over ranks) and returns the
 // mean loss over the global batch, the gradient norm before clipping and
@@ -381,7 +430,11 @@ func (tr *Trainer) TrainStep() (loss, gradNorm, lr float64, err error) {
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	m.ZeroGrad()
+	if tr.fs != nil {
+		tr.fs.ZeroGrad()
+	} else {
+		m.ZeroGrad()
+	}
 	sum := []float64{0}
 	n := m.B * m.T
 	for a := 0; a < tr.accum; a++ {
@@ -395,16 +448,30 @@ func (tr *Trainer) TrainStep() (loss, gradNorm, lr float64, err error) {
 			return 0, 0, 0, err
 		}
 	}
-	if err := tr.reduceGradients(); err != nil {
-		return 0, 0, 0, err
+	params, grads := m.Params, m.Grads
+	var sumSq float64
+	if tr.fs != nil {
+		// The last unit reductions overlapped the backward; wait for them.
+		if err := tr.fs.Finish(); err != nil {
+			return 0, 0, 0, err
+		}
+		params, grads = tr.fs.Params, tr.fs.Grads
+		if sumSq, err = tr.fs.SumSquares(); err != nil {
+			return 0, 0, 0, err
+		}
+	} else {
+		sumSq = tr.be.SumSquares(grads)
 	}
 	if err := tr.sumOverRanks(sum); err != nil {
 		return 0, 0, 0, err
 	}
-	norm, scale := optim.ClipScale(tr.be.SumSquares(m.Grads), float32(tr.Job.Training.MaxNorm))
+	norm, scale := optim.ClipScale(sumSq, float32(tr.Job.Training.MaxNorm))
 	lr = tr.Sched.LR(tr.Step)
-	if err := tr.Opt.Update(m.Params, m.Grads, float32(lr), scale); err != nil {
+	if err := tr.Opt.Update(params, grads, float32(lr), scale); err != nil {
 		return 0, 0, 0, err
+	}
+	if tr.fs != nil {
+		tr.fs.Invalidate()
 	}
 	tr.Step++
 	return sum[0] / float64(targets), norm, lr, nil

@@ -56,6 +56,46 @@ type Options struct {
 	// projection recomputed in the backward). 0 picks a chunk that keeps
 	// the logits under about 64 MiB, or the whole vocabulary if smaller.
 	LogitChunk int
+	// External makes New allocate no flat parameter and gradient
+	// buffers: Params and Grads stay empty and the caller binds every
+	// unit's parameters (and, for Backward, gradients) with BindUnit,
+	// typically from Hooks. Sharded data parallelism (FSDP) uses it.
+	External bool
+}
+
+// Unit is one unit of the flat layout that sharded data parallelism
+// gathers and reduces as a whole: elements [Lo, Hi) of the flat buffer.
+// Unit 0 is the token embedding, unit 1+l transformer layer l, and the
+// last unit (NLayers+1) the final norm with the output projection.
+type Unit struct{ Lo, Hi int }
+
+// Units returns the units of cfg's layout in flat-buffer order; they tile
+// the buffer.
+func (c Config) Units() []Unit {
+	layout := c.Layout()
+	us := make([]Unit, 0, c.NLayers+2)
+	us = append(us, Unit{0, layout[0].Size})
+	for l := 0; l < c.NLayers; l++ {
+		first, last := layout[1+9*l], layout[9+9*l]
+		us = append(us, Unit{first.Offset, last.Offset + last.Size})
+	}
+	n := len(layout)
+	us = append(us, Unit{layout[n-2].Offset, layout[n-1].Offset + layout[n-1].Size})
+	return us
+}
+
+// UnitHooks are called by Forward and Backward around the computation of
+// each unit (see Unit): BeforeForward(u) before the first use of unit u's
+// parameters in a forward pass and AfterForward(u) after the last one;
+// BeforeBackward(u) before unit u's parameters and gradients are used in
+// the backward pass and AfterBackward(u) once its gradients are complete
+// for this pass. Forward visits units in increasing order, Backward in
+// decreasing order. A hook's error aborts the pass and is returned.
+type UnitHooks interface {
+	BeforeForward(unit int) error
+	AfterForward(unit int) error
+	BeforeBackward(unit int) error
+	AfterBackward(unit int) error
 }
 
 // Model is a Llama 3 model sized for batches of B sequences of T tokens.
@@ -84,6 +124,10 @@ type Model struct {
 	haveTargets  bool
 	d            scratch
 	activationsN int
+
+	// Hooks, when set, are called around every unit in Forward and
+	// Backward (nil: none, the single-process path).
+	Hooks UnitHooks
 }
 
 // scratch are the activation gradients, reused layer after layer.
@@ -108,10 +152,15 @@ func New(be backend.Backend, cfg Config, B, T int, opt Options) (*Model, error) 
 		return nil, fmt.Errorf("llama: sequence length %d exceeds the model's max_seq_len %d", T, cfg.MaxSeqLen)
 	}
 	m := &Model{Cfg: cfg, B: B, T: T, be: be}
-	n := int(cfg.NumParams())
-	m.Params = be.Alloc(backend.Float32, n)
-	m.Grads = be.Alloc(backend.Float32, n)
-	m.P, m.G = View(cfg, m.Params), View(cfg, m.Grads)
+	if opt.External {
+		m.P = Params{Layers: make([]LayerParams, cfg.NLayers)}
+		m.G = Params{Layers: make([]LayerParams, cfg.NLayers)}
+	} else {
+		n := int(cfg.NumParams())
+		m.Params = be.Alloc(backend.Float32, n)
+		m.Grads = be.Alloc(backend.Float32, n)
+		m.P, m.G = View(cfg, m.Params), View(cfg, m.Grads)
+	}
 
 	BT, D, F, V := B*T, cfg.Dim, cfg.FFNHidden(), cfg.VocabSize
 	Q, KV := cfg.NHeads*cfg.HeadDim(), cfg.KVHeads()*cfg.HeadDim()
@@ -176,6 +225,54 @@ func New(be backend.Backend, cfg Config, B, T int, opt Options) (*Model, error) 
 	return m, nil
 }
 
+// BindUnit lays unit u's parameter views over params and its gradient
+// views over grads, both holding the unit's elements (Units()[u], in
+// layout order). A tensor with nil Mem leaves those views as they are.
+func (m *Model) BindUnit(u int, params, grads backend.Tensor) {
+	bindUnit(m.Cfg, &m.P, u, params)
+	bindUnit(m.Cfg, &m.G, u, grads)
+}
+
+func bindUnit(cfg Config, p *Params, u int, buf backend.Tensor) {
+	if buf.Mem == nil {
+		return
+	}
+	layout := cfg.Layout()
+	base := cfg.Units()[u].Lo
+	t := func(i int) backend.Tensor { return buf.Slice(layout[i].Offset-base, layout[i].Size) }
+	switch {
+	case u == 0:
+		p.Embedding = t(0)
+	case u <= cfg.NLayers:
+		i := 1 + 9*(u-1)
+		p.Layers[u-1] = LayerParams{
+			AttnNorm: t(i), Wq: t(i + 1), Wk: t(i + 2), Wv: t(i + 3), Wo: t(i + 4),
+			FFNNorm: t(i + 5), W1: t(i + 6), W2: t(i + 7), W3: t(i + 8),
+		}
+	default:
+		n := len(layout)
+		p.Norm, p.Output = t(n-2), t(n-1)
+	}
+}
+
+// hook runs one of the unit hooks when Hooks is set.
+func (m *Model) hook(call func(UnitHooks, int) error, u int) error {
+	if m.Hooks == nil {
+		return nil
+	}
+	if err := call(m.Hooks, u); err != nil {
+		return fmt.Errorf("llama: unit %d: %w", u, err)
+	}
+	return nil
+}
+
+var (
+	beforeForward  = UnitHooks.BeforeForward
+	afterForward   = UnitHooks.AfterForward
+	beforeBackward = UnitHooks.BeforeBackward
+	afterBackward  = UnitHooks.AfterBackward
+)
+
 // ActivationBytes is the size of the planned activation memory.
 func (m *Model) ActivationBytes() int64 { return int64(m.activationsN) * 4 }
 
@@ -217,10 +314,19 @@ func (m *Model) Forward(tokens, targets []int32) (float32, error) {
 		}
 	}
 	be.Upload(m.tokens, tokens)
+	if err := m.hook(beforeForward, 0); err != nil {
+		return 0, err
+	}
 	be.EmbeddingForward(m.resid[0], m.P.Embedding, m.tokens, BT, D)
+	if err := m.hook(afterForward, 0); err != nil {
+		return 0, err
+	}
 	eps := float32(cfg.NormEps)
 	dims := backend.AttentionDims{B: B, Tq: T, Tk: T, NH: H, NKV: KVH, HD: HD}
 	for l := range m.layers {
+		if err := m.hook(beforeForward, 1+l); err != nil {
+			return 0, err
+		}
 		a, p := &m.layers[l], &m.P.Layers[l]
 		x := m.resid[l]
 		be.RMSNormForward(a.attnNorm, a.attnRstd, x, p.AttnNorm, BT, D, eps)
@@ -239,29 +345,42 @@ func (m *Model) Forward(tokens, targets []int32) (float32, error) {
 		be.SwiGLUForward(a.hs, a.h1, a.h3, BT*F)
 		be.Copy(m.resid[l+1], a.mid)
 		linear(be, m.resid[l+1], a.hs, p.W2, BT, F, D, true)
+		if err := m.hook(afterForward, 1+l); err != nil {
+			return 0, err
+		}
+	}
+	last := cfg.NLayers + 1
+	m.haveTargets = false
+	if targets != nil {
+		m.numTargets = 0
+		for _, t := range targets {
+			if int(t) >= cfg.VocabSize {
+				return 0, fmt.Errorf("llama: target %d is outside the vocabulary [0, %d)", t, cfg.VocabSize)
+			}
+			if t >= 0 {
+				m.numTargets++
+			}
+		}
+	}
+	if err := m.hook(beforeForward, last); err != nil {
+		return 0, err
 	}
 	be.RMSNormForward(m.final, m.rstd, m.resid[cfg.NLayers], m.P.Norm, BT, D, eps)
-	m.haveTargets = targets != nil
 	if targets == nil {
 		if m.chunk == cfg.VocabSize {
 			linear(be, m.logits, m.final, m.P.Output, BT, D, m.chunk, false)
 		}
-		return 0, nil
-	}
-	m.numTargets = 0
-	for _, t := range targets {
-		if int(t) >= cfg.VocabSize {
-			return 0, fmt.Errorf("llama: target %d is outside the vocabulary [0, %d)", t, cfg.VocabSize)
-		}
-		if t >= 0 {
-			m.numTargets++
-		}
+		return 0, m.hook(afterForward, last)
 	}
 	be.Upload(m.targets, targets)
 	be.CrossEntropyReset(m.stats, BT)
 	m.forEachChunk(func(logits backend.Tensor, v0, nv int) {
 		be.CrossEntropyChunk(m.stats, logits, m.targets, BT, nv, v0)
 	})
+	if err := m.hook(afterForward, last); err != nil {
+		return 0, err
+	}
+	m.haveTargets = true
 	be.CrossEntropyLoss(m.losses, m.stats, m.targets, BT)
 	be.Download(m.lossesHost, m.losses)
 	var sum float64
@@ -300,8 +419,12 @@ func (m *Model) Logits(dst []float32) error {
 	return nil
 }
 
-// ZeroGrad clears the gradient buffer.
-func (m *Model) ZeroGrad() { m.be.Zero(m.Grads) }
+// ZeroGrad clears the gradient buffer (none with Options.External).
+func (m *Model) ZeroGrad() {
+	if m.Grads.Mem != nil {
+		m.be.Zero(m.Grads)
+	}
+}
 
 // Backward accumulates into Grads the gradient of lossScale × (sum of the
 // per-token losses of the last Forward). lossScale = 1/NumTargets() gives
@@ -319,6 +442,10 @@ func (m *Model) Backward(lossScale float32) error {
 	d := &m.d
 	dims := backend.AttentionDims{B: B, Tq: T, Tk: T, NH: H, NKV: KVH, HD: HD}
 
+	last := cfg.NLayers + 1
+	if err := m.hook(beforeBackward, last); err != nil {
+		return err
+	}
 	// Output projection and loss, chunk by chunk: d.x = dL/d(final norm output).
 	be.Zero(d.x)
 	single := m.chunk == cfg.VocabSize
@@ -338,8 +465,14 @@ func (m *Model) Backward(lossScale float32) error {
 	}
 	be.Zero(d.resid)
 	be.RMSNormBackward(d.resid, m.G.Norm, d.x, m.resid[cfg.NLayers], m.P.Norm, m.rstd, BT, D)
+	if err := m.hook(afterBackward, last); err != nil {
+		return err
+	}
 
 	for l := cfg.NLayers - 1; l >= 0; l-- {
+		if err := m.hook(beforeBackward, 1+l); err != nil {
+			return err
+		}
 		a, p, g := &m.layers[l], &m.P.Layers[l], &m.G.Layers[l]
 		// Feed-forward: resid[l+1] = mid + w2(silu(w1 x) * w3 x), x = norm(mid).
 		linearBackward(be, d.hs, g.W2, d.resid, a.hs, p.W2, BT, F, D, true)
@@ -364,9 +497,15 @@ func (m *Model) Backward(lossScale float32) error {
 		linearBackward(be, d.x, g.Wk, d.kr, a.attnNorm, p.Wk, BT, D, KV, false)
 		linearBackward(be, d.x, g.Wv, d.v, a.attnNorm, p.Wv, BT, D, KV, false)
 		be.RMSNormBackward(d.resid, g.AttnNorm, d.x, m.resid[l], p.AttnNorm, a.attnRstd, BT, D)
+		if err := m.hook(afterBackward, 1+l); err != nil {
+			return err
+		}
+	}
+	if err := m.hook(beforeBackward, 0); err != nil {
+		return err
 	}
 	be.EmbeddingBackward(m.G.Embedding, d.resid, m.tokens, BT, D)
-	return nil
+	return m.hook(afterBackward, 0)
 }
 
 // Init fills the parameters the way torchtitan initialises Llama 3:
@@ -377,6 +516,9 @@ func (m *Model) Backward(lossScale float32) error {
 // the model can be initialised on its own and equals the same slice of
 // a whole-model initialisation.
 func (m *Model) Init(seed uint64) {
+	if m.Params.Mem == nil {
+		return // External: the caller initialises its buffers
+	}
 	host := make([]float32, m.Params.Len)
 	InitParams(m.Cfg, seed, host, 0)
 	m.be.Upload(m.Params, host)

@@ -1,0 +1,303 @@
+package gemm
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
+
+// A plan is one multiplication in flight: its operands, blocking, the
+// work split and the pack buffers. Plans are recycled through planPool so
+// that steady-state calls do not allocate.
+//
+// The loop nest runs over blocks of nc columns of C. For each block the
+// workers first pack all of op(B)'s k×nc panel together, in chunks they
+// claim one at a time, and wait until it is complete. Then they claim
+// work items, each a range of rows of C and a range of its nr-column
+// panels; an item loops over K in steps of kc, packs its rows of op(A) for
+// the step into the worker's own buffer and runs the micro-kernel over
+// its tiles. Claiming work instead of splitting it up front keeps all
+// workers busy when one of them is slowed down.
+type plan struct {
+	kern           *kernel
+	transA, transB bool
+	m, n, k        int
+	alpha, beta    float32
+	a, b, c        []float32
+	lda, ldb, ldc  int
+
+	kc, nc    int // K step and N block
+	nt        int // workers taking part
+	rowBlocks int // row ranges per N block
+	colGroups int // panel ranges per N block
+	packGroup int // panels per B packing chunk
+
+	bbuf   *buffer   // op(B)'s k×nc panel, packed
+	abuf   []*buffer // per-worker packed rows of op(A) for one K step
+	workFn func(worker int)
+
+	// Work counters, cumulative over the N blocks, each on its own cache
+	// line: chunks of B claimed and packed, items claimed and done.
+	packNext, packDone, itemNext, itemDone paddedCounter
+}
+
+type paddedCounter struct {
+	atomic.Int64
+	_ [56]byte
+}
+
+var planPool = sync.Pool{New: func() any {
+	pl := new(plan)
+	pl.workFn = pl.work // bound once so that Run does not allocate
+	return pl
+}}
+
+// Tuning of the work split.
+const (
+	// packedBFloats bounds the packed k×nc panel of op(B).
+	packedBFloats = 4 << 20
+	// itemsPerWorker is how many work items per worker a parallel
+	// multiplication aims for, so that a slowed worker is made up for.
+	itemsPerWorker = 6
+	// minItemRows and minItemPanels bound an item from below, in
+	// micro-kernel rows and panels, to keep its packing overhead small.
+	minItemRows   = 4
+	minItemPanels = 2
+	// packChunkPanels is the number of B panels packed per claimed chunk.
+	packChunkPanels = 4
+)
+
+// newPlan prepares a multiplication of checked operands with at most
+// threads workers.
+func newPlan(kern *kernel, threads int, transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) *plan {
+	pl := planPool.Get().(*plan)
+	pl.kern = kern
+	pl.transA, pl.transB = transA, transB
+	pl.m, pl.n, pl.k = m, n, k
+	pl.alpha, pl.beta = alpha, beta
+	pl.a, pl.lda = a, lda
+	pl.b, pl.ldb = b, ldb
+	pl.c, pl.ldc = c, ldc
+
+	mr, nr := kern.mr, kern.nr
+	// Balanced K steps: k = kc+1 runs as two steps of about k/2.
+	pl.kc = balance(k, kern.kc, 1)
+	pl.nc = balance(n, max(nr, packedBFloats/k/nr*nr), nr)
+	pl.packGroup = packChunkPanels
+
+	mb := (m + mr - 1) / mr
+	np := (pl.nc + nr - 1) / nr
+	maxRowBlock := max(1, kern.mc/mr)
+	pl.nt, pl.rowBlocks, pl.colGroups = 1, (mb+maxRowBlock-1)/maxRowBlock, 1
+	if threads > 1 && 2*float64(m)*float64(n)*float64(k) >= minParallelFlops {
+		pl.nt = threads
+		target := itemsPerWorker * threads
+		pl.rowBlocks = max(pl.rowBlocks, min(target, mb/minItemRows), 1)
+		if pl.rowBlocks < target {
+			pl.colGroups = max(1, min((target+pl.rowBlocks-1)/pl.rowBlocks, np/minItemPanels))
+		}
+		// Equal workers finish together when the items divide evenly.
+		for rb := pl.rowBlocks; rb < pl.rowBlocks+threads && rb <= mb; rb++ {
+			if rb*pl.colGroups%threads == 0 {
+				pl.rowBlocks = rb
+				break
+			}
+		}
+	}
+
+	pl.bbuf = getBuffer(&bPool, k*np*nr)
+	rows := (mb + pl.rowBlocks - 1) / pl.rowBlocks * mr
+	for w := 0; w < pl.nt; w++ {
+		pl.abuf = append(pl.abuf, getBuffer(&aPool, pl.kc*rows))
+	}
+	for _, ctr := range []*paddedCounter{&pl.packNext, &pl.packDone, &pl.itemNext, &pl.itemDone} {
+		ctr.Store(0)
+	}
+	return pl
+}
+
+// balance splits total into ceil(total/limit) near-equal blocks of at
+// most limit, rounded up to a multiple of unit, and returns the block size.
+func balance(total, limit, unit int) int {
+	if total <= limit {
+		return roundUp(total, unit)
+	}
+	blocks := (total + limit - 1) / limit
+	return min(limit, roundUp((total+blocks-1)/blocks, unit))
+}
+
+func roundUp(x, unit int) int { return (x + unit - 1) / unit * unit }
+
+// release returns pl's buffers to their pools and pl to planPool.
+func (pl *plan) release() {
+	bPool.Put(pl.bbuf)
+	pl.bbuf = nil
+	for i, ab := range pl.abuf {
+		aPool.Put(ab)
+		pl.abuf[i] = nil
+	}
+	pl.abuf = pl.abuf[:0]
+	pl.a, pl.b, pl.c = nil, nil, nil
+	planPool.Put(pl)
+}
+
+// work is worker w's part of the multiplication.
+func (pl *plan) work(w int) {
+	if w >= pl.nt {
+		return
+	}
+	kern := pl.kern
+	nr := kern.nr
+	n, k, kc := pl.n, pl.k, pl.kc
+	kb := (k + kc - 1) / kc
+	bb := pl.bbuf.f
+	abuf := pl.abuf[w].f
+	var packEnd, itemEnd int64
+	for jc := 0; jc < n; jc += pl.nc {
+		ncur := min(pl.nc, n-jc)
+		np := (ncur + nr - 1) / nr
+		chunksPerStep := (np + pl.packGroup - 1) / pl.packGroup
+		packBase := packEnd
+		packEnd += int64(kb * chunksPerStep)
+		for {
+			idx, ok := claim(&pl.packNext, packEnd)
+			if !ok {
+				break
+			}
+			step, g := int(idx-packBase)/chunksPerStep, int(idx-packBase)%chunksPerStep
+			pc := step * kc
+			kcur := min(kc, k-pc)
+			jp0, jp1 := g*pl.packGroup, min(np, (g+1)*pl.packGroup)
+			off := pc * np * nr
+			pl.packB(bb[off+jp0*kcur*nr:off+jp1*kcur*nr], pc, kcur, jc+jp0*nr, min(jp1*nr, ncur)-jp0*nr)
+			pl.packDone.Add(1)
+		}
+		waitFor(&pl.packDone, packEnd)
+
+		itemBase := itemEnd
+		itemEnd += int64(pl.rowBlocks * pl.colGroups)
+		for {
+			idx, ok := claim(&pl.itemNext, itemEnd)
+			if !ok {
+				break
+			}
+			rb, cg := int(idx-itemBase)/pl.colGroups, int(idx-itemBase)%pl.colGroups
+			pl.item(abuf, rb, cg, jc, ncur)
+			pl.itemDone.Add(1)
+		}
+		if jc+pl.nc < n {
+			// The next block repacks bb: wait until nobody reads it.
+			waitFor(&pl.itemDone, itemEnd)
+		}
+	}
+}
+
+// item computes the tiles of C in row block rb and panel group cg of the
+// N block of ncur columns at jc.
+func (pl *plan) item(abuf []float32, rb, cg, jc, ncur int) {
+	kern := pl.kern
+	mr, nr := kern.mr, kern.nr
+	mb := (pl.m + mr - 1) / mr
+	r0 := rb * mb / pl.rowBlocks * mr
+	r1 := min(pl.m, (rb+1)*mb/pl.rowBlocks*mr)
+	np := (ncur + nr - 1) / nr
+	q0, q1 := cg*np/pl.colGroups, (cg+1)*np/pl.colGroups
+	if r0 >= r1 || q0 >= q1 {
+		return
+	}
+	rows := r1 - r0
+	bb := pl.bbuf.f
+	for pc := 0; pc < pl.k; pc += pl.kc {
+		kcur := min(pl.kc, pl.k-pc)
+		pl.packA(abuf, r0, rows, pc, kcur)
+		beta := pl.beta
+		if pc > 0 {
+			beta = 1
+		}
+		off := pc * np * nr
+		for jp := q0; jp < q1; jp++ {
+			j := jc + jp*nr
+			cols := min(nr, jc+ncur-j)
+			bp := bb[off+jp*kcur*nr : off+(jp+1)*kcur*nr]
+			for ir := 0; ir < rows; ir += mr {
+				kern.micro(kcur, abuf[ir*kcur:(ir+mr)*kcur], bp, pl.c[(r0+ir)*pl.ldc+j:],
+					pl.ldc, pl.alpha, beta, min(mr, rows-ir), cols)
+			}
+		}
+	}
+}
+
+// claim takes the next index of ctr if it is below end.
+func claim(ctr *paddedCounter, end int64) (int64, bool) {
+	for {
+		cur := ctr.Load()
+		if cur >= end {
+			return 0, false
+		}
+		if ctr.CompareAndSwap(cur, cur+1) {
+			return cur, true
+		}
+	}
+}
+
+// waitFor returns once ctr reaches target.
+func waitFor(ctr *paddedCounter, target int64) {
+	for spin := 0; ctr.Load() < target; spin++ {
+		if spin > 100 {
+			runtime.Gosched()
+		}
+	}
+}
+
+// packA packs rows [i0, i0+rows) and columns [p0, p0+kc) of op(A) into
+// mr-row micro-panels in dst.
+func (pl *plan) packA(dst []float32, i0, rows, p0, kc int) {
+	kern := pl.kern
+	mr := kern.mr
+	if pl.transA {
+		kern.copyPack(dst, pl.a[p0*pl.lda+i0:], pl.lda, mr, kc, rows)
+		return
+	}
+	for ir := 0; ir < rows; ir += mr {
+		kern.transPack(dst[ir*kc:(ir+mr)*kc], pl.a[(i0+ir)*pl.lda+p0:], pl.lda, min(mr, rows-ir), mr, kc)
+	}
+}
+
+// packB packs rows [p0, p0+kc) and columns [j0, j0+cols) of op(B) into
+// nr-column micro-panels in dst.
+func (pl *plan) packB(dst []float32, p0, kc, j0, cols int) {
+	kern := pl.kern
+	nr := kern.nr
+	if !pl.transB {
+		kern.copyPack(dst, pl.b[p0*pl.ldb+j0:], pl.ldb, nr, kc, cols)
+		return
+	}
+	for jr := 0; jr < cols; jr += nr {
+		kern.transPack(dst[jr*kc:(jr+nr)*kc], pl.b[(j0+jr)*pl.ldb+p0:], pl.ldb, min(nr, cols-jr), nr, kc)
+	}
+}
+
+// A buffer is a reusable float32 slice starting on a 64-byte boundary.
+type buffer struct {
+	raw []float32
+	f   []float32
+}
+
+// Pools of packed A and B buffers, kept apart so that the small A
+// buffers do not grow to the size of B panels.
+var (
+	aPool = sync.Pool{New: func() any { return new(buffer) }}
+	bPool = sync.Pool{New: func() any { return new(buffer) }}
+)
+
+// getBuffer returns a buffer from pool with len(f) >= n.
+func getBuffer(pool *sync.Pool, n int) *buffer {
+	b := pool.Get().(*buffer)
+	if len(b.f) < n {
+		b.raw = make([]float32, n+16)
+		off := int((64-uintptr(unsafe.Pointer(&b.raw[0]))%64)%64) / 4
+		b.f = b.raw[off : off+n]
+	}
+	return b
+}

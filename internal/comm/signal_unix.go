@@ -1,0 +1,35 @@
+//go:build unix
+
+package comm
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// InstallFlightDumpOnSignal makes SIGUSR1 dump the flight recorders of
+// this process to dir (flight-rank<R>.json), e.g. when the launcher sees a
+// job hang. It returns a function that removes the handler.
+func InstallFlightDumpOnSignal(dir string) (stop func()) {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGUSR1)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-ch:
+				if err := DumpFlight(dir, "SIGUSR1"); err != nil {
+					fmt.Fprintln(os.Stderr, err)
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(ch)
+		close(done)
+	}
+}
