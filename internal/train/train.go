@@ -136,7 +136,7 @@ func New(job *config.Job, out io.Writer, dist *Dist) (*Trainer, error) {
 	}
 	be := cpu.New(threads)
 	tr.be = be
-	tr.Model, err = llama.New(be, cfg, B, T, llama.Options{External: tr.dist.World > 1})
+	tr.Model, err = llama.New(be, cfg, B, T, llama.Options{External: tr.dist.World > 1, Checkpoint: tr.acPolicy()})
 	if err != nil {
 		return nil, err
 	}
@@ -238,6 +238,12 @@ func (tr *Trainer) stateBytes() int64 {
 	return int64(tr.Model.Params.Len+tr.Model.Grads.Len)*4 + opt
 }
 
+// acPolicy is the recipe's activation checkpointing policy, as logged.
+func (tr *Trainer) acPolicy() llama.ActivationCheckpoint {
+	ac := tr.Job.ActivationCheckpoint
+	return llama.ActivationCheckpoint{Mode: ac.Mode, SelectiveOption: ac.SelectiveACOption}
+}
+
 // ModelConfig resolves the recipe's model and checks that the recipe's
 // shapes fit it.
 func ModelConfig(job *config.Job) (llama.Config, error) {
@@ -277,8 +283,9 @@ func (tr *Trainer) Run(ctx context.Context) error {
 	}
 	defer tr.log.Close()
 	B, T := tr.Model.B, tr.Model.T
-	tr.log.Printf("titan: llama3 %s, %s parameters, %d sequences × %d tokens per step (%d microbatches of %d on each of %d ranks), %d threads per rank, gemm %s, peak %.0f GFLOP/s",
-		job.Model.Flavor, humanCount(tr.Cfg.NumParams()), tr.accum*B*tr.dist.World, T, tr.accum, B, tr.dist.World, tr.be.(*cpu.Backend).Threads(), gemm.Kernel(), tr.peakFLOPS/1e9)
+	tr.log.Printf("titan: llama3 %s, %s parameters, %d sequences × %d tokens per step (%d microbatches of %d on each of %d ranks), %d threads per rank, gemm %s, peak %.0f GFLOP/s, activation checkpointing %s (%.1f MiB of activations per rank)",
+		job.Model.Flavor, humanCount(tr.Cfg.NumParams()), tr.accum*B*tr.dist.World, T, tr.accum, B, tr.dist.World, tr.be.(*cpu.Backend).Threads(), gemm.Kernel(), tr.peakFLOPS/1e9,
+		tr.acPolicy(), float64(tr.Model.ActivationBytes())/(1<<20))
 	if tr.mesh != nil {
 		tr.log.Printf("titan: mesh %s, fsdp_reshard_after_forward %q", tr.mesh, job.Parallelism.FSDPReshardAfterForward)
 	}

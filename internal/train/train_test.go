@@ -70,3 +70,43 @@ func TestInterruptAndResume(t *testing.T) {
 		}
 	}
 }
+
+// TestActivationCheckpointingTrainsIdentically: the recipe's
+// [activation_checkpoint] policy reaches the model (its activation plan
+// shrinks) and changes nothing in training: every policy's losses over
+// five steps are bitwise those of keeping every activation.
+func TestActivationCheckpointingTrainsIdentically(t *testing.T) {
+	var ref []float64
+	var refBytes int64
+	for _, c := range []struct{ mode, option string }{
+		{"none", "2"}, {"full", "2"}, {"selective", "2"}, {"selective", "op"},
+	} {
+		job := testJob(t, t.TempDir(), 5)
+		job.Checkpoint.Enable = false
+		job.ActivationCheckpoint.Mode, job.ActivationCheckpoint.SelectiveACOption = c.mode, c.option
+		tr, err := New(job, io.Discard, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bytes := tr.Model.ActivationBytes()
+		var losses []float64
+		tr.OnStep = func(_ int, loss float64) { losses = append(losses, loss) }
+		err = tr.Run(context.Background())
+		tr.Close()
+		if err != nil {
+			t.Fatalf("%s %s: %v", c.mode, c.option, err)
+		}
+		if ref == nil {
+			ref, refBytes = losses, bytes
+			continue
+		}
+		if bytes >= refBytes {
+			t.Errorf("%s %s: %d activation bytes, none has %d", c.mode, c.option, bytes, refBytes)
+		}
+		for i := range ref {
+			if losses[i] != ref[i] {
+				t.Errorf("%s %s: step %d loss %v, none %v", c.mode, c.option, i+1, losses[i], ref[i])
+			}
+		}
+	}
+}

@@ -2,6 +2,7 @@ package llama
 
 import (
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,7 +13,22 @@ import (
 // BenchmarkTrainStep times one full training step (forward, backward,
 // gradient norm, AdamW) of the tiny_bench flavor at batch 8 × seq 256,
 // the model PyTorch is compared against (bench/pytorch/train_step.py).
-func BenchmarkTrainStep(b *testing.B) {
+func BenchmarkTrainStep(b *testing.B) { benchTrainStep(b, Options{}) }
+
+// BenchmarkActivationCheckpointing times the same training step under
+// each activation checkpointing policy and reports its activation memory.
+func BenchmarkActivationCheckpointing(b *testing.B) {
+	for _, ac := range []ActivationCheckpoint{
+		{Mode: "none"}, {Mode: "full"},
+		{Mode: "selective", SelectiveOption: "2"}, {Mode: "selective", SelectiveOption: "op"},
+	} {
+		b.Run(strings.ReplaceAll(ac.String(), " ", "_"), func(b *testing.B) {
+			benchTrainStep(b, Options{Checkpoint: ac})
+		})
+	}
+}
+
+func benchTrainStep(b *testing.B, mopt Options) {
 	cfg, err := Flavor("tiny_bench")
 	if err != nil {
 		b.Fatal(err)
@@ -20,7 +36,7 @@ func BenchmarkTrainStep(b *testing.B) {
 	B, T := 8, 256
 	be := cpu.New(0)
 	defer be.Close()
-	m, err := New(be, cfg, B, T, Options{})
+	m, err := New(be, cfg, B, T, mopt)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -53,4 +69,5 @@ func BenchmarkTrainStep(b *testing.B) {
 	sec := time.Since(start).Seconds() / float64(b.N)
 	b.ReportMetric(float64(B*T)/sec, "tokens/s")
 	b.ReportMetric(cfg.FLOPsPerToken(T)*float64(B*T)/sec/1e9, "GFLOP/s")
+	b.ReportMetric(float64(m.ActivationBytes())/(1<<20), "act-MiB")
 }

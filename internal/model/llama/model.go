@@ -61,6 +61,9 @@ type Options struct {
 	// unit's parameters (and, for Backward, gradients) with BindUnit,
 	// typically from Hooks. Sharded data parallelism (FSDP) uses it.
 	External bool
+	// Checkpoint selects the activations recomputed in the backward pass
+	// instead of kept from the forward pass (zero value: none).
+	Checkpoint ActivationCheckpoint
 }
 
 // Unit is one unit of the flat layout that sharded data parallelism
@@ -91,6 +94,11 @@ func (c Config) Units() []Unit {
 // the backward pass and AfterBackward(u) once its gradients are complete
 // for this pass. Forward visits units in increasing order, Backward in
 // decreasing order. A hook's error aborts the pass and is returned.
+//
+// With activation checkpointing, a layer's forward recomputation is part
+// of its backward: it runs after BeforeBackward, on the parameters bound
+// then, and no forward hook is called for it. The sequence is therefore
+// the same in every checkpointing mode.
 type UnitHooks interface {
 	BeforeForward(unit int) error
 	AfterForward(unit int) error
@@ -124,6 +132,9 @@ type Model struct {
 	haveTargets  bool
 	d            scratch
 	activationsN int
+	policy       []layerPolicy // per layer: what its forward keeps
+	scratchLayer int           // layer whose activations the shared scratch set holds; -1: none
+	recomputed   int           // layer recomputations so far (for tests)
 
 	// Hooks, when set, are called around every unit in Forward and
 	// Backward (nil: none, the single-process path).
@@ -142,16 +153,11 @@ type scratch struct {
 // New plans and allocates a model for batches of B×T tokens on be.
 // Parameters start at zero: call Init or load them.
 func New(be backend.Backend, cfg Config, B, T int, opt Options) (*Model, error) {
-	if err := cfg.Validate(); err != nil {
+	m, err := plan(cfg, B, T, opt)
+	if err != nil {
 		return nil, err
 	}
-	if B <= 0 || T <= 0 {
-		return nil, fmt.Errorf("llama: batch %d and sequence length %d must be positive", B, T)
-	}
-	if T > cfg.MaxSeqLen {
-		return nil, fmt.Errorf("llama: sequence length %d exceeds the model's max_seq_len %d", T, cfg.MaxSeqLen)
-	}
-	m := &Model{Cfg: cfg, B: B, T: T, be: be}
+	m.be = be
 	if opt.External {
 		m.P = Params{Layers: make([]LayerParams, cfg.NLayers)}
 		m.G = Params{Layers: make([]LayerParams, cfg.NLayers)}
@@ -161,9 +167,54 @@ func New(be backend.Backend, cfg Config, B, T int, opt Options) (*Model, error) 
 		m.Grads = be.Alloc(backend.Float32, n)
 		m.P, m.G = View(cfg, m.Params), View(cfg, m.Grads)
 	}
+	acts := be.Alloc(backend.Float32, m.activationsN)
+	off := 0
+	m.carve(func(n int) backend.Tensor {
+		t := acts.Slice(off, n)
+		off += n
+		return t
+	})
 
-	BT, D, F, V := B*T, cfg.Dim, cfg.FFNHidden(), cfg.VocabSize
-	Q, KV := cfg.NHeads*cfg.HeadDim(), cfg.KVHeads()*cfg.HeadDim()
+	cos, sin := cfg.RoPETables(T)
+	m.cos = be.Alloc(backend.Float32, len(cos))
+	m.sin = be.Alloc(backend.Float32, len(sin))
+	be.Upload(m.cos, cos)
+	be.Upload(m.sin, sin)
+	m.tokens = be.Alloc(backend.Int32, B*T)
+	m.targets = be.Alloc(backend.Int32, B*T)
+	m.lossesHost = make([]float32, B*T)
+	return m, nil
+}
+
+// ActivationBytesFor is the activation memory (bytes) that New plans for
+// a model of shape cfg with batches of B×T tokens and options opt,
+// computed without allocating it.
+func ActivationBytesFor(cfg Config, B, T int, opt Options) (int64, error) {
+	m, err := plan(cfg, B, T, opt)
+	if err != nil {
+		return 0, err
+	}
+	return m.ActivationBytes(), nil
+}
+
+// plan checks the shapes and returns a model without buffers whose
+// logit chunk, checkpointing policy and activation size are set.
+func plan(cfg Config, B, T int, opt Options) (*Model, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if B <= 0 || T <= 0 {
+		return nil, fmt.Errorf("llama: batch %d and sequence length %d must be positive", B, T)
+	}
+	if T > cfg.MaxSeqLen {
+		return nil, fmt.Errorf("llama: sequence length %d exceeds the model's max_seq_len %d", T, cfg.MaxSeqLen)
+	}
+	m := &Model{Cfg: cfg, B: B, T: T, scratchLayer: -1}
+	var err error
+	if m.policy, err = opt.Checkpoint.policies(cfg.NLayers); err != nil {
+		return nil, err
+	}
+	BT, V := B*T, cfg.VocabSize
 	m.chunk = opt.LogitChunk
 	if m.chunk <= 0 {
 		m.chunk = max(1, min(V, (16<<20)/BT))
@@ -172,36 +223,20 @@ func New(be backend.Backend, cfg Config, B, T int, opt Options) (*Model, error) 
 		}
 	}
 	m.chunk = min(m.chunk, V)
+	m.carve(func(n int) backend.Tensor {
+		m.activationsN += n
+		return backend.Tensor{}
+	})
+	return m, nil
+}
 
-	// One activation buffer, carved into views in a fixed plan.
-	sizes := []int{}
-	perLayer := []int{BT * D, BT, BT * Q, BT * KV, BT * KV, BT * Q, B * cfg.NHeads * T, BT * D, BT * D, BT, BT * F, BT * F, BT * F}
-	for l := 0; l < cfg.NLayers; l++ {
-		sizes = append(sizes, perLayer...)
-	}
-	sizes = append(sizes, (cfg.NLayers+1)*BT*D, BT*D, BT, BT*m.chunk, BT*3, BT)
-	sizes = append(sizes, BT*D, BT*D, BT*Q, BT*KV, BT*KV, BT*Q, BT*KV, BT*Q, BT*F, BT*F, BT*F)
-	total := 0
-	for _, s := range sizes {
-		total += s
-	}
-	m.activationsN = total
-	acts := be.Alloc(backend.Float32, total)
-	off := 0
-	next := func(n int) backend.Tensor {
-		t := acts.Slice(off, n)
-		off += n
-		return t
-	}
-	m.layers = make([]layerActs, cfg.NLayers)
-	for l := range m.layers {
-		a := &m.layers[l]
-		a.attnNorm, a.attnRstd = next(BT*D), next(BT)
-		a.q, a.k, a.v = next(BT*Q), next(BT*KV), next(BT*KV)
-		a.attn, a.lse = next(BT*Q), next(B*cfg.NHeads*T)
-		a.mid, a.ffnNorm, a.ffnRstd = next(BT*D), next(BT*D), next(BT)
-		a.h1, a.h3, a.hs = next(BT*F), next(BT*F), next(BT*F)
-	}
+// carve lays every activation view out in a fixed plan, taking each
+// from next in turn.
+func (m *Model) carve(next func(n int) backend.Tensor) {
+	cfg := m.Cfg
+	BT, D, F := m.B*m.T, cfg.Dim, cfg.FFNHidden()
+	Q, KV := cfg.NHeads*cfg.HeadDim(), cfg.KVHeads()*cfg.HeadDim()
+	m.planLayers(next)
 	m.resid = make([]backend.Tensor, cfg.NLayers+1)
 	for l := range m.resid {
 		m.resid[l] = next(BT * D)
@@ -213,16 +248,6 @@ func New(be backend.Backend, cfg Config, B, T int, opt Options) (*Model, error) 
 	d.q, d.k, d.v, d.attn = next(BT*Q), next(BT*KV), next(BT*KV), next(BT*Q)
 	d.kr, d.qr = next(BT*KV), next(BT*Q)
 	d.h1, d.h3, d.hs = next(BT*F), next(BT*F), next(BT*F)
-
-	cos, sin := cfg.RoPETables(T)
-	m.cos = be.Alloc(backend.Float32, len(cos))
-	m.sin = be.Alloc(backend.Float32, len(sin))
-	be.Upload(m.cos, cos)
-	be.Upload(m.sin, sin)
-	m.tokens = be.Alloc(backend.Int32, BT)
-	m.targets = be.Alloc(backend.Int32, BT)
-	m.lossesHost = make([]float32, BT)
-	return m, nil
 }
 
 // BindUnit lays unit u's parameter views over params and its gradient
@@ -273,7 +298,10 @@ var (
 	afterBackward  = UnitHooks.AfterBackward
 )
 
-// ActivationBytes is the size of the planned activation memory.
+// ActivationBytes is the size of the planned activation memory: every
+// layer's kept activations, the shared scratch set of the recomputed ones
+// (see ActivationCheckpoint), the residual streams, the logits chunk and
+// the activation gradients.
 func (m *Model) ActivationBytes() int64 { return int64(m.activationsN) * 4 }
 
 // linear computes out[N, out] = inp[N, in] · w[out, in]^T (+ out when accumulate).
@@ -298,13 +326,11 @@ func linearBackward(be backend.Backend, dinp, dw, dout, inp, w backend.Tensor, N
 
 // Forward runs the model on tokens [B*T] and, when targets is non-nil,
 // returns the mean cross-entropy over the targets that are >= 0 (targets
-// < 0 are ignored). Activations are kept for Backward.
+// < 0 are ignored). Activations are kept for Backward, except those that
+// Options.Checkpoint has it recompute.
 func (m *Model) Forward(tokens, targets []int32) (float32, error) {
 	cfg, be := m.Cfg, m.be
-	B, T := m.B, m.T
-	BT, D, F := B*T, cfg.Dim, cfg.FFNHidden()
-	H, KVH, HD := cfg.NHeads, cfg.KVHeads(), cfg.HeadDim()
-	Q, KV := H*HD, KVH*HD
+	BT, D := m.B*m.T, cfg.Dim
 	if len(tokens) != BT || (targets != nil && len(targets) != BT) {
 		return 0, fmt.Errorf("llama: forward needs %d tokens and targets, got %d and %d", BT, len(tokens), len(targets))
 	}
@@ -321,30 +347,18 @@ func (m *Model) Forward(tokens, targets []int32) (float32, error) {
 	if err := m.hook(afterForward, 0); err != nil {
 		return 0, err
 	}
-	eps := float32(cfg.NormEps)
-	dims := backend.AttentionDims{B: B, Tq: T, Tk: T, NH: H, NKV: KVH, HD: HD}
 	for l := range m.layers {
 		if err := m.hook(beforeForward, 1+l); err != nil {
 			return 0, err
 		}
-		a, p := &m.layers[l], &m.P.Layers[l]
-		x := m.resid[l]
-		be.RMSNormForward(a.attnNorm, a.attnRstd, x, p.AttnNorm, BT, D, eps)
-		linear(be, a.q, a.attnNorm, p.Wq, BT, D, Q, false)
-		linear(be, a.k, a.attnNorm, p.Wk, BT, D, KV, false)
-		linear(be, a.v, a.attnNorm, p.Wv, BT, D, KV, false)
-		be.RoPEForward(a.q, a.q, m.cos, m.sin, B, T, H, HD)
-		be.RoPEForward(a.k, a.k, m.cos, m.sin, B, T, KVH, HD)
-		be.AttentionForward(a.attn, a.lse, a.q, a.k, a.v, dims)
-		be.Copy(a.mid, x)
-		linear(be, a.mid, a.attn, p.Wo, BT, Q, D, true)
-
-		be.RMSNormForward(a.ffnNorm, a.ffnRstd, a.mid, p.FFNNorm, BT, D, eps)
-		linear(be, a.h1, a.ffnNorm, p.W1, BT, D, F, false)
-		linear(be, a.h3, a.ffnNorm, p.W3, BT, D, F, false)
-		be.SwiGLUForward(a.hs, a.h1, a.h3, BT*F)
-		be.Copy(m.resid[l+1], a.mid)
-		linear(be, m.resid[l+1], a.hs, p.W2, BT, F, D, true)
+		shared := m.policy[l] != keepAll
+		if shared {
+			m.scratchLayer = -1
+		}
+		m.layerForward(l, true)
+		if shared {
+			m.scratchLayer = l
+		}
 		if err := m.hook(afterForward, 1+l); err != nil {
 			return 0, err
 		}
@@ -365,7 +379,7 @@ func (m *Model) Forward(tokens, targets []int32) (float32, error) {
 	if err := m.hook(beforeForward, last); err != nil {
 		return 0, err
 	}
-	be.RMSNormForward(m.final, m.rstd, m.resid[cfg.NLayers], m.P.Norm, BT, D, eps)
+	be.RMSNormForward(m.final, m.rstd, m.resid[cfg.NLayers], m.P.Norm, BT, D, float32(cfg.NormEps))
 	if targets == nil {
 		if m.chunk == cfg.VocabSize {
 			linear(be, m.logits, m.final, m.P.Output, BT, D, m.chunk, false)
@@ -473,6 +487,7 @@ func (m *Model) Backward(lossScale float32) error {
 		if err := m.hook(beforeBackward, 1+l); err != nil {
 			return err
 		}
+		m.restore(l)
 		a, p, g := &m.layers[l], &m.P.Layers[l], &m.G.Layers[l]
 		// Feed-forward: resid[l+1] = mid + w2(silu(w1 x) * w3 x), x = norm(mid).
 		linearBackward(be, d.hs, g.W2, d.resid, a.hs, p.W2, BT, F, D, true)
