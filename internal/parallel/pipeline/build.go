@@ -1,0 +1,334 @@
+package pipeline
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Names lists the schedules Build knows, spelled as torchtitan's
+// parallelism.pipeline_parallel_schedule spells them.
+var Names = []string{"GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble"}
+
+// aliases maps extra lower-case spellings to names in Names.
+var aliases = map[string]string{"zbv": "ZBVZeroBubble", "zbh1": "InterleavedZeroBubble"}
+
+// Canonical returns the spelling in Names of a schedule name matched
+// without regard to case (aliases "ZBV" and "ZBH1" included), or an
+// error listing the valid names.
+func Canonical(name string) (string, error) {
+	low := strings.ToLower(name)
+	for _, n := range Names {
+		if strings.ToLower(n) == low {
+			return n, nil
+		}
+	}
+	if n, ok := aliases[low]; ok {
+		return n, nil
+	}
+	if low == "dualpipev" {
+		return "", fmt.Errorf("pipeline: schedule %q is not implemented; valid schedules are %s", name, strings.Join(Names, ", "))
+	}
+	return "", fmt.Errorf("pipeline: unknown schedule %q; valid schedules are %s (any case)", name, strings.Join(Names, ", "))
+}
+
+// Build returns the named schedule for pp ranks, virtual stages per rank
+// and the given number of microbatches. Names match without regard to
+// case. The rules are:
+//
+//   - GPipe: virtual = 1; all forwards, then all backwards.
+//   - 1F1B: virtual = 1, microbatches >= pp; pp-r-1 warm-up forwards on
+//     rank r, then alternating forward and backward (Narayanan et al.
+//     2021, PipeDream-Flush).
+//   - Interleaved1F1B: virtual >= 2, microbatches a multiple of pp; the
+//     interleaved schedule of Narayanan et al. 2021 (Megatron-LM) with
+//     loop placement (stage s on rank s mod pp).
+//   - LoopedBFS: any virtual, any microbatches; loop placement, each rank
+//     runs all microbatches through one stage before the next
+//     (Lamy-Poirier 2023).
+//   - InterleavedZeroBubble (alias ZBH1): any virtual, microbatches >= pp;
+//     loop placement, backward split into BackwardInput and
+//     BackwardWeight, ordered greedily in the manner of ZB-H1 (Qi et al.
+//     2024): input gradients first, then forwards while the rank has no
+//     more forwards awaiting their input gradient than Interleaved1F1B
+//     (1F1B when virtual = 1) would and holds at most pp/2 activations
+//     more than that schedule's first rank until the weight gradient,
+//     then weight gradients to fill the gaps. (The slack lets weight
+//     gradients wait for the drain; with less, this greedy rule leaves
+//     bubbles ZB-H1 does not have. ZB-H1 proper keeps 1F1B's peak.)
+//   - ZBVZeroBubble (alias ZBV): virtual = 2, microbatches >= pp; V
+//     placement (rank r holds stages r and 2pp-1-r), split backward,
+//     ordered by the same greedy rule with at most 2pp stage activations
+//     (half-size stages, so the memory of 1F1B's first rank) per rank.
+func Build(name string, pp, virtual, microbatches int) (Schedule, error) {
+	canon, err := Canonical(name)
+	if err != nil {
+		return Schedule{}, err
+	}
+	if pp < 1 || virtual < 1 || microbatches < 1 {
+		return Schedule{}, fmt.Errorf("pipeline: %s: pp=%d, virtual=%d, microbatches=%d must all be >= 1", canon, pp, virtual, microbatches)
+	}
+	needVirtual := func(want int) error {
+		if virtual != want {
+			return fmt.Errorf("pipeline: %s needs virtual=%d stages per rank, got %d", canon, want, virtual)
+		}
+		return nil
+	}
+	needMB := func() error {
+		if microbatches < pp {
+			return fmt.Errorf("pipeline: %s needs microbatches >= pp=%d, got %d", canon, pp, microbatches)
+		}
+		return nil
+	}
+	var s Schedule
+	switch canon {
+	case "GPipe":
+		if err := needVirtual(1); err != nil {
+			return Schedule{}, err
+		}
+		s = gpipe(pp, microbatches)
+	case "1F1B":
+		if err := needVirtual(1); err != nil {
+			return Schedule{}, err
+		}
+		if err := needMB(); err != nil {
+			return Schedule{}, err
+		}
+		s = interleaved(pp, 1, microbatches)
+	case "Interleaved1F1B":
+		if virtual < 2 {
+			return Schedule{}, fmt.Errorf("pipeline: Interleaved1F1B needs virtual >= 2 stages per rank, got %d (use 1F1B for one)", virtual)
+		}
+		if microbatches%pp != 0 {
+			return Schedule{}, fmt.Errorf("pipeline: Interleaved1F1B needs microbatches to be a multiple of pp=%d, got %d", pp, microbatches)
+		}
+		s = interleaved(pp, virtual, microbatches)
+	case "LoopedBFS":
+		s = loopedBFS(pp, virtual, microbatches)
+	case "InterleavedZeroBubble":
+		if err := needMB(); err != nil {
+			return Schedule{}, err
+		}
+		limitI := func(r int) int { return interleavedWarmup(pp, virtual, microbatches, r) + 1 }
+		limitW := func(int) int { return limitI(0) + pp/2 }
+		s, err = greedyZB(pp, virtual, microbatches, LoopPlacement(pp, virtual), limitI, limitW)
+	case "ZBVZeroBubble":
+		if err := needVirtual(2); err != nil {
+			return Schedule{}, err
+		}
+		if err := needMB(); err != nil {
+			return Schedule{}, err
+		}
+		s, err = greedyZB(pp, 2, microbatches, VPlacement(pp), func(int) int { return 2 * pp }, func(int) int { return 2 * pp })
+	}
+	if err != nil {
+		return Schedule{}, fmt.Errorf("pipeline: %s pp=%d virtual=%d microbatches=%d: %w", canon, pp, virtual, microbatches, err)
+	}
+	s.Name = canon
+	return s, nil
+}
+
+func newSchedule(pp, virtual, m int, place []int) Schedule {
+	return Schedule{PP: pp, Virtual: virtual, Microbatches: m, StageRank: place, Actions: make([][]Action, pp)}
+}
+
+// gpipe: every rank runs all forwards, then all backwards.
+func gpipe(pp, m int) Schedule {
+	s := newSchedule(pp, 1, m, LoopPlacement(pp, 1))
+	for r := range pp {
+		for i := range m {
+			s.Actions[r] = append(s.Actions[r], Action{Forward, r, i})
+		}
+		for i := range m {
+			s.Actions[r] = append(s.Actions[r], Action{Backward, r, i})
+		}
+	}
+	return s
+}
+
+// loopedBFS: each rank runs every microbatch through its stages in
+// increasing order, then every backward in decreasing stage order.
+func loopedBFS(pp, v, m int) Schedule {
+	s := newSchedule(pp, v, m, LoopPlacement(pp, v))
+	for r := range pp {
+		for c := range v {
+			for i := range m {
+				s.Actions[r] = append(s.Actions[r], Action{Forward, c*pp + r, i})
+			}
+		}
+		for c := v - 1; c >= 0; c-- {
+			for i := range m {
+				s.Actions[r] = append(s.Actions[r], Action{Backward, c*pp + r, i})
+			}
+		}
+	}
+	return s
+}
+
+// interleavedWarmup is the number of forwards rank r runs before its
+// first backward in the (interleaved) 1F1B schedule: pp-r-1 for one
+// stage per rank, 2(pp-r-1) + (v-1)pp for v > 1 (Megatron-LM), capped at
+// the rank's v·m forwards.
+func interleavedWarmup(pp, v, m, r int) int {
+	w := pp - r - 1
+	if v > 1 {
+		w = 2*(pp-r-1) + (v-1)*pp
+	}
+	return min(w, v*m)
+}
+
+// interleaved builds 1F1B (v = 1) and the interleaved 1F1B of Megatron-LM
+// (v > 1, m a multiple of pp). Rank r's k-th forward runs local chunk
+// (k/pp) mod v on microbatch (k/(pp·v))·pp + k mod pp; its k-th backward
+// runs the chunks in reverse order.
+func interleaved(pp, v, m int) Schedule {
+	s := newSchedule(pp, v, m, LoopPlacement(pp, v))
+	total := v * m
+	group := pp
+	if v == 1 {
+		group = m // one chunk: microbatches in plain order
+	}
+	at := func(r, k int, backward bool) Action {
+		c := (k / group) % v
+		if backward {
+			c = v - 1 - c
+		}
+		i := (k/(group*v))*group + k%group
+		kind := Forward
+		if backward {
+			kind = Backward
+		}
+		return Action{kind, c*pp + r, i}
+	}
+	for r := range pp {
+		w := interleavedWarmup(pp, v, m, r)
+		list := make([]Action, 0, 2*total)
+		for k := range w {
+			list = append(list, at(r, k, false))
+		}
+		for k := range total - w {
+			list = append(list, at(r, w+k, false), at(r, k, true))
+		}
+		for k := total - w; k < total; k++ {
+			list = append(list, at(r, k, true))
+		}
+		s.Actions[r] = list
+	}
+	return s
+}
+
+// greedyZB orders a split-backward schedule by list scheduling with unit
+// costs and no latency: whenever a rank is free it runs, in order of
+// preference, a ready BackwardInput (oldest microbatch first, later stage
+// on ties), a ready Forward (later stage first, each stage's microbatches
+// in order) if fewer than limitW(r) of the rank's forwards await their
+// BackwardWeight and, for the rank's first stage only, fewer than
+// limitI(r) await their BackwardInput, or a ready BackwardWeight (oldest
+// first). Exempting later stages from limitI keeps a rank from filling
+// its quota with first-stage forwards whose later stages it then cannot
+// run. Should the limits ever stall
+// every rank, the first rank with a ready Forward runs it regardless.
+func greedyZB(pp, v, m int, place []int, limitI, limitW func(int) int) (Schedule, error) {
+	s := newSchedule(pp, v, m, place)
+	S := pp * v
+	const never = -1
+	var end [numKinds][]int // end tick of each (kind, stage, mb), or never
+	for k := range end {
+		end[k] = make([]int, S*m)
+		for x := range end[k] {
+			end[k][x] = never
+		}
+	}
+	ready := func(k Kind, st, i, t int) bool {
+		e := end[k][st*m+i]
+		return e != never && e <= t
+	}
+	stages := make([][]int, pp)
+	for r := range pp {
+		stages[r] = s.Stages(r)
+	}
+	held := make([]int, pp)    // F done, W not
+	pending := make([]int, pp) // F done, I not
+	busy := make([]int, pp)
+	left := 3 * S * m
+	relax := false // ignore the forward limits for one tick
+	for t := 0; left > 0; t++ {
+		if t > 6*S*m+S {
+			return Schedule{}, fmt.Errorf("greedy ordering made no progress by tick %d", t)
+		}
+		ran, running := false, false
+		for r := range pp {
+			if busy[r] > t {
+				running = true
+				continue
+			}
+			best, found := Action{}, false
+			// Input gradients.
+			for i := 0; i < m && !found; i++ {
+				for j := len(stages[r]) - 1; j >= 0; j-- {
+					st := stages[r][j]
+					if end[BackwardInput][st*m+i] == never && ready(Forward, st, i, t) && (st == S-1 || ready(BackwardInput, st+1, i, t)) {
+						best, found = Action{BackwardInput, st, i}, true
+						break
+					}
+				}
+			}
+			// Forwards.
+			if !found {
+				roomW := relax || held[r] < limitW(r)
+				roomI := relax || pending[r] < limitI(r)
+				for j := len(stages[r]) - 1; j >= 0 && !found; j-- {
+					st := stages[r][j]
+					if !roomW || j == 0 && !roomI {
+						break
+					}
+					for i := range m {
+						if end[Forward][st*m+i] == never {
+							if st == 0 || ready(Forward, st-1, i, t) {
+								best, found = Action{Forward, st, i}, true
+							}
+							break // forwards of a stage run in microbatch order
+						}
+					}
+				}
+			}
+			// Weight gradients.
+			for i := 0; i < m && !found; i++ {
+				for _, st := range stages[r] {
+					if end[BackwardWeight][st*m+i] == never && ready(BackwardInput, st, i, t) {
+						best, found = Action{BackwardWeight, st, i}, true
+						break
+					}
+				}
+			}
+			if !found {
+				continue
+			}
+			switch best.Kind {
+			case Forward:
+				held[r]++
+				pending[r]++
+			case BackwardInput:
+				pending[r]--
+			case BackwardWeight:
+				held[r]--
+			}
+			end[best.Kind][best.Stage*m+best.Microbatch] = t + 1
+			busy[r] = t + 1
+			s.Actions[r] = append(s.Actions[r], best)
+			left--
+			ran = true
+			if relax {
+				relax = false
+				break
+			}
+		}
+		if !ran && !running && left > 0 {
+			// Every rank is idle and stays so: the limits starve
+			// the forwards the pending backwards wait for. Let the
+			// first rank with a ready forward exceed its limit once.
+			relax = true
+			t--
+		}
+	}
+	return s, nil
+}

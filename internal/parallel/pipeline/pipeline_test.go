@@ -1,0 +1,449 @@
+package pipeline
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// grid is the table of (pp, v, m) every generator is built over; Build
+// errors for combinations a schedule does not support are skipped.
+func grid() []struct{ pp, v, m int } {
+	var out []struct{ pp, v, m int }
+	for _, pp := range []int{1, 2, 3, 4, 8} {
+		for _, v := range []int{1, 2, 3} {
+			for _, m := range []int{1, 2, 3, 4, 8, 12, 16} {
+				out = append(out, struct{ pp, v, m int }{pp, v, m})
+			}
+		}
+	}
+	return out
+}
+
+// supported restates Build's documented rules.
+func supported(name string, pp, v, m int) bool {
+	switch name {
+	case "GPipe":
+		return v == 1
+	case "1F1B":
+		return v == 1 && m >= pp
+	case "Interleaved1F1B":
+		return v >= 2 && m%pp == 0
+	case "LoopedBFS":
+		return true
+	case "InterleavedZeroBubble":
+		return m >= pp
+	case "ZBVZeroBubble":
+		return v == 2 && m >= pp
+	}
+	return false
+}
+
+// built returns every schedule Build accepts over grid.
+func built(t *testing.T) []Schedule {
+	t.Helper()
+	var out []Schedule
+	for _, name := range Names {
+		n := 0
+		for _, g := range grid() {
+			s, err := Build(name, g.pp, g.v, g.m)
+			if !supported(name, g.pp, g.v, g.m) {
+				if err == nil {
+					t.Errorf("Build(%s, %d, %d, %d) accepted an unsupported combination", name, g.pp, g.v, g.m)
+				}
+				continue
+			}
+			if err != nil {
+				t.Fatalf("Build(%s, %d, %d, %d): %v", name, g.pp, g.v, g.m, err)
+			}
+			out = append(out, s)
+			n++
+		}
+		if n == 0 {
+			t.Fatalf("%s built for no grid point", name)
+		}
+	}
+	return out
+}
+
+func TestBuildValidates(t *testing.T) {
+	for _, s := range built(t) {
+		id := fmt.Sprintf("%s pp=%d v=%d m=%d", s.Name, s.PP, s.Virtual, s.Microbatches)
+		if err := s.Validate(); err != nil {
+			t.Errorf("%s: %v", id, err)
+			continue
+		}
+		// Independent count: every rank runs 2 or 3 actions per
+		// (own stage, microbatch), only on its own stages.
+		per := 2
+		if strings.Contains(s.Name, "ZeroBubble") {
+			per = 3
+		}
+		for r, list := range s.Actions {
+			if got, want := len(list), per*s.Virtual*s.Microbatches; got != want {
+				t.Errorf("%s rank %d: %d actions, want %d", id, r, got, want)
+			}
+			own := s.Stages(r)
+			for _, a := range list {
+				if !slices.Contains(own, a.Stage) {
+					t.Errorf("%s rank %d runs %v of a stage it does not hold (%v)", id, r, a, own)
+				}
+			}
+		}
+		switch s.Name {
+		case "ZBVZeroBubble":
+			for r := range s.PP {
+				if got := s.Stages(r); !slices.Equal(got, []int{r, 2*s.PP - 1 - r}) {
+					t.Errorf("%s rank %d holds %v", id, r, got)
+				}
+			}
+		default:
+			for st, r := range s.StageRank {
+				if r != st%s.PP {
+					t.Errorf("%s stage %d on rank %d, want %d", id, st, r, st%s.PP)
+				}
+			}
+		}
+	}
+}
+
+func TestBuildErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		pp, v, m  int
+		wantInErr string
+	}{
+		{"Nope", 4, 1, 8, "valid schedules are GPipe, 1F1B"},
+		{"DualPipeV", 4, 2, 8, "not implemented"},
+		{"Interleaved1F1B", 4, 1, 8, "virtual >= 2"},
+		{"Interleaved1F1B", 4, 2, 6, "multiple of pp=4"},
+		{"Interleaved1F1B", 4, 2, 2, "multiple of pp=4"},
+		{"GPipe", 4, 2, 8, "virtual=1"},
+		{"1F1B", 4, 2, 8, "virtual=1"},
+		{"1F1B", 4, 1, 3, "microbatches >= pp=4"},
+		{"ZBV", 4, 3, 8, "virtual=2"},
+		{"ZBVZeroBubble", 4, 2, 2, "microbatches >= pp=4"},
+		{"InterleavedZeroBubble", 4, 2, 3, "microbatches >= pp=4"},
+		{"GPipe", 0, 1, 8, "pp=0"},
+		{"GPipe", 2, 1, 0, "microbatches=0"},
+	} {
+		_, err := Build(tc.name, tc.pp, tc.v, tc.m)
+		if err == nil || !strings.Contains(err.Error(), tc.wantInErr) {
+			t.Errorf("Build(%q, %d, %d, %d) = %v, want error containing %q", tc.name, tc.pp, tc.v, tc.m, err, tc.wantInErr)
+		}
+	}
+	for _, name := range []string{"gpipe", "1f1b", "INTERLEAVED1F1B", "zbv", "ZBH1", "loopedbfs"} {
+		if _, err := Canonical(name); err != nil {
+			t.Errorf("Canonical(%q): %v", name, err)
+		}
+	}
+}
+
+func TestValidateRejects(t *testing.T) {
+	good := func() Schedule {
+		s, err := Build("1F1B", 2, 1, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	F := func(s, i int) Action { return Action{Forward, s, i} }
+	B := func(s, i int) Action { return Action{Backward, s, i} }
+	I := func(s, i int) Action { return Action{BackwardInput, s, i} }
+	W := func(s, i int) Action { return Action{BackwardWeight, s, i} }
+	for _, tc := range []struct {
+		what    string
+		actions [][]Action
+		want    string
+	}{
+		{"missing backward", [][]Action{{F(0, 0), F(0, 1), B(0, 0)}, {F(1, 0), B(1, 0), F(1, 1), B(1, 1)}}, "stage 0 microbatch 1"},
+		{"duplicate forward", [][]Action{{F(0, 0), F(0, 0), F(0, 1), B(0, 0), B(0, 1)}, {F(1, 0), B(1, 0), F(1, 1), B(1, 1)}}, "2 F"},
+		{"wrong rank", [][]Action{{F(0, 0), F(0, 1), B(0, 0), B(0, 1), F(1, 0)}, {B(1, 0), F(1, 1), B(1, 1)}}, "lives on rank 1"},
+		{"mixed split", [][]Action{{F(0, 0), F(0, 1), B(0, 0), I(0, 1), B(0, 1)}, {F(1, 0), B(1, 0), F(1, 1), B(1, 1)}}, "1 B, 1 I, 0 W"},
+		{"backward before forward", [][]Action{{F(0, 0), F(0, 1), B(0, 0), B(0, 1)}, {B(1, 0), F(1, 0), F(1, 1), B(1, 1)}}, "deadlocks"},
+		{"W before I", [][]Action{{F(0, 0), F(0, 1), B(0, 0), B(0, 1)}, {F(1, 0), W(1, 0), I(1, 0), F(1, 1), B(1, 1)}}, "waits for I1/0"},
+		{"cross-rank cycle", [][]Action{{F(0, 0), B(0, 0), F(0, 1), B(0, 1)}, {F(1, 1), F(1, 0), B(1, 0), B(1, 1)}}, "deadlocks"},
+		{"out of range", [][]Action{{F(0, 0), F(0, 5), B(0, 0), B(0, 1)}, {F(1, 0), B(1, 0), F(1, 1), B(1, 1)}}, "out of range"},
+	} {
+		s := good()
+		s.Actions = tc.actions
+		err := s.Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Validate() = %v, want error containing %q", tc.what, err, tc.want)
+		}
+		if tl := s.Simulate(1, 1, 0, 0); tl.Err == nil {
+			t.Errorf("%s: Simulate accepted an invalid schedule", tc.what)
+		}
+	}
+	s := good()
+	s.StageRank = []int{0, 0}
+	if err := s.Validate(); err == nil {
+		t.Error("Validate accepted two stages on one rank with virtual=1")
+	}
+	if tl := good().Simulate(-1, 1, 0, 0); tl.Err == nil {
+		t.Error("Simulate accepted a negative cost")
+	}
+}
+
+// referenceTimes computes every action's start time independently of
+// Simulate: as the longest path in the DAG of data dependencies and
+// same-rank order, by relaxing all edges until nothing changes.
+func referenceTimes(s Schedule, costF, costB, costW, lat float64) map[Action]float64 {
+	cost := map[Kind]float64{Forward: costF, Backward: costB + costW, BackwardInput: costB, BackwardWeight: costW}
+	rankOf := map[Action]int{}
+	prev := map[Action]Action{}
+	split := map[[2]int]bool{}
+	for r, list := range s.Actions {
+		for j, a := range list {
+			rankOf[a] = r
+			if j > 0 {
+				prev[a] = list[j-1]
+			}
+			if a.Kind == BackwardInput {
+				split[[2]int{a.Stage, a.Microbatch}] = true
+			}
+		}
+	}
+	S := s.NumStages()
+	start := map[Action]float64{}
+	for a := range rankOf {
+		start[a] = 0
+	}
+	for changed := true; changed; {
+		changed = false
+		for a := range rankOf {
+			var in []Action
+			switch a.Kind {
+			case Forward:
+				if a.Stage > 0 {
+					in = append(in, Action{Forward, a.Stage - 1, a.Microbatch})
+				}
+			case Backward, BackwardInput:
+				in = append(in, Action{Forward, a.Stage, a.Microbatch})
+				if a.Stage < S-1 {
+					k := Backward
+					if split[[2]int{a.Stage + 1, a.Microbatch}] {
+						k = BackwardInput
+					}
+					in = append(in, Action{k, a.Stage + 1, a.Microbatch})
+				}
+			case BackwardWeight:
+				in = append(in, Action{BackwardInput, a.Stage, a.Microbatch})
+			}
+			t := 0.0
+			if p, ok := prev[a]; ok {
+				t = start[p] + cost[p.Kind]
+			}
+			for _, d := range in {
+				x := start[d] + cost[d.Kind]
+				if rankOf[d] != rankOf[a] {
+					x += lat
+				}
+				t = max(t, x)
+			}
+			if t > start[a] {
+				start[a] = t
+				changed = true
+			}
+		}
+	}
+	return start
+}
+
+func TestSimulateMatchesReference(t *testing.T) {
+	costs := [][4]float64{{1, 1, 1, 0}, {1, 2, 0.5, 0.25}, {0.7, 1.3, 0, 1}}
+	for _, s := range built(t) {
+		if s.PP > 4 || s.Microbatches > 8 {
+			continue // keep the quadratic reference fast
+		}
+		for _, c := range costs {
+			tl := s.Simulate(c[0], c[1], c[2], c[3])
+			if tl.Err != nil {
+				t.Fatalf("%s: %v", s.Name, tl.Err)
+			}
+			ref := referenceTimes(s, c[0], c[1], c[2], c[3])
+			var makespan, busy float64
+			for r, evs := range tl.Events {
+				if len(evs) != len(s.Actions[r]) {
+					t.Fatalf("%s rank %d ran %d of %d actions", s.Name, r, len(evs), len(s.Actions[r]))
+				}
+				for _, e := range evs {
+					if math.Abs(e.Start-ref[e.Action]) > 1e-9 {
+						t.Fatalf("%s pp=%d v=%d m=%d costs %v: %v starts at %g, reference %g", s.Name, s.PP, s.Virtual, s.Microbatches, c, e.Action, e.Start, ref[e.Action])
+					}
+					makespan = max(makespan, e.End)
+					busy += e.End - e.Start
+				}
+			}
+			want := 1 - busy/(makespan*float64(s.PP))
+			if math.Abs(tl.Makespan-makespan) > 1e-9 || math.Abs(tl.Bubble-want) > 1e-12 {
+				t.Fatalf("%s: makespan %g bubble %g, want %g %g", s.Name, tl.Makespan, tl.Bubble, makespan, want)
+			}
+		}
+	}
+}
+
+func TestBubbleMatchesTheory(t *testing.T) {
+	for _, s := range built(t) {
+		id := fmt.Sprintf("%s pp=%d v=%d m=%d", s.Name, s.PP, s.Virtual, s.Microbatches)
+		th, _, err := Theoretical(s.Name, s.PP, s.Virtual, s.Microbatches)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch s.Name {
+		case "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS":
+			if s.Name == "LoopedBFS" && s.Microbatches < s.PP {
+				continue // the formula needs m >= pp
+			}
+			// Exact for equal F and B, for unequal ones, and for
+			// a full backward of B+W.
+			for _, c := range [][3]float64{{1, 1, 0}, {1, 2, 0}, {1, 1, 1}, {0.5, 1.5, 0.25}} {
+				tl := s.Simulate(c[0], c[1], c[2], 0)
+				if math.Abs(tl.Bubble-th) > 1e-12 {
+					t.Errorf("%s costs %v: bubble %.6f, theory %.6f", id, c, tl.Bubble, th)
+				}
+			}
+		case "InterleavedZeroBubble", "ZBVZeroBubble":
+			// Greedy orderings: never below the formula, and
+			// within 0.02 of it (exact on most of the grid).
+			tl := s.Simulate(1, 1, 1, 0)
+			if tl.Bubble < th-1e-12 || tl.Bubble > th+0.02 {
+				t.Errorf("%s: bubble %.6f, theory %.6f (tolerance +0.02)", id, tl.Bubble, th)
+			}
+		}
+	}
+	// ZB-H1 idles a third as long as 1F1B when F = B = W.
+	for _, pp := range []int{2, 4, 8} {
+		for _, m := range []int{8, 16} {
+			a, _ := Build("1F1B", pp, 1, m)
+			z, _ := Build("InterleavedZeroBubble", pp, 1, m)
+			ia, iz := a.Simulate(1, 1, 1, 0).Idle, z.Simulate(1, 1, 1, 0).Idle
+			for r := range pp {
+				if math.Abs(iz[r]*3-ia[r]) > 1e-9 {
+					t.Errorf("pp=%d m=%d rank %d: ZB-H1 idle %g, 1F1B idle %g, want a third", pp, m, r, iz[r], ia[r])
+				}
+			}
+		}
+	}
+}
+
+func TestPeakActivations(t *testing.T) {
+	for _, s := range built(t) {
+		tl := s.Simulate(1, 1, 1, 0)
+		for r, got := range tl.PeakActivations {
+			var want int
+			switch s.Name {
+			case "GPipe":
+				want = s.Microbatches
+			case "1F1B":
+				want = min(s.PP-r, s.Microbatches)
+			case "LoopedBFS":
+				want = s.Virtual * s.Microbatches
+			case "Interleaved1F1B":
+				want = interleavedWarmup(s.PP, s.Virtual, s.Microbatches, r) + 1
+			case "InterleavedZeroBubble":
+				if lim := interleavedWarmup(s.PP, s.Virtual, s.Microbatches, 0) + 1 + s.PP/2; got > lim {
+					t.Errorf("InterleavedZeroBubble pp=%d v=%d m=%d rank %d: peak %d > %d", s.PP, s.Virtual, s.Microbatches, r, got, lim)
+				}
+				continue
+			case "ZBVZeroBubble":
+				if got > 2*s.PP {
+					t.Errorf("ZBV pp=%d m=%d rank %d: peak %d > 2pp", s.PP, s.Microbatches, r, got)
+				}
+				continue
+			default:
+				continue
+			}
+			want = min(want, s.Virtual*s.Microbatches)
+			if got != want {
+				t.Errorf("%s pp=%d v=%d m=%d rank %d: peak %d, want %d", s.Name, s.PP, s.Virtual, s.Microbatches, r, got, want)
+			}
+			if s.Name == "1F1B" && got > s.PP {
+				t.Errorf("1F1B rank %d peak %d > pp", r, got)
+			}
+		}
+	}
+}
+
+// TestGPipeLatency checks the closed form (m+pp-1)(F+B) + 2(pp-1)·c
+// for GPipe with transfer latency c.
+func TestGPipeLatency(t *testing.T) {
+	for _, tc := range []struct{ pp, m int }{{2, 3}, {4, 8}, {8, 4}} {
+		s, err := Build("GPipe", tc.pp, 1, tc.m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		const f, b, c = 1.0, 2.0, 0.3
+		tl := s.Simulate(f, b, 0, c)
+		want := float64(tc.m+tc.pp-1)*(f+b) + 2*float64(tc.pp-1)*c
+		if math.Abs(tl.Makespan-want) > 1e-9 {
+			t.Errorf("pp=%d m=%d: makespan %g, want %g", tc.pp, tc.m, tl.Makespan, want)
+		}
+	}
+}
+
+func TestRender(t *testing.T) {
+	s, _ := Build("ZBV", 2, 2, 4)
+	out := s.Simulate(1, 1, 1, 0).Render()
+	if got := strings.Count(out, "rank "); got != 2 {
+		t.Errorf("render has %d rank rows, want 2:\n%s", got, out)
+	}
+	for _, want := range []string{"ZBVZeroBubble pp=2", "F0", "I3", "W3", "bubble"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("render lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestReport(t *testing.T) {
+	out, err := Report(Names, 4, 2, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range Names {
+		if !strings.Contains(out, n) {
+			t.Errorf("report lacks %s:\n%s", n, out)
+		}
+	}
+	if _, err := Report([]string{"nope"}, 4, 2, 8); err == nil {
+		t.Error("Report accepted an unknown schedule")
+	}
+}
+
+func ExampleTimeline_Render() {
+	s, err := Build("1F1B", 4, 1, 8)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Print(s.Simulate(1, 1, 0, 0).Render())
+	// Output:
+	// 1F1B pp=4 virtual=1 microbatches=8
+	// rank 0 | F0 F1 F2 F3 .  .  .  B0 F4 B1 F5 B2 F6 B3 F7 B4 .  B5 .  B6 .  B7
+	// rank 1 | .  F0 F1 F2 .  .  B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 .  B6 .  B7 .
+	// rank 2 | .  .  F0 F1 .  B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 .  B7 .  .
+	// rank 3 | .  .  .  F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7 .  .  .
+	// makespan 22, bubble 0.2727
+}
+
+// BenchmarkBuildSimulate times building and simulating schedules for
+// pp=8 and 32 microbatches.
+func BenchmarkBuildSimulate(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		v    int
+	}{{"1F1B", 1}, {"Interleaved1F1B", 2}, {"InterleavedZeroBubble", 2}, {"ZBVZeroBubble", 2}} {
+		b.Run(tc.name, func(b *testing.B) {
+			for b.Loop() {
+				s, err := Build(tc.name, 8, tc.v, 32)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if tl := s.Simulate(1, 1, 1, 0); tl.Err != nil {
+					b.Fatal(tl.Err)
+				}
+			}
+		})
+	}
+}
