@@ -3,6 +3,8 @@ package main
 import (
 	"encoding/json"
 	"math"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -81,5 +83,42 @@ func TestBenchCommJSON(t *testing.T) {
 	}
 	if _, err := titan(t, "bench", "comm", "--op", "gather"); err == nil {
 		t.Error("an unknown op must be refused")
+	}
+}
+
+// TestSlurmTrain: `srun -n 4 titan train ...` on the one-host Slurm
+// cluster of scripts/slurm/setup-single-host.sh trains like one process
+// with the same global batch, with no launcher flags.
+func TestSlurmTrain(t *testing.T) {
+	srun, err := exec.LookPath("srun")
+	if err != nil {
+		t.Skip("srun not found: run scripts/slurm/setup-single-host.sh as root to set up a one-host Slurm cluster")
+	}
+	if st, err := exec.Command("sinfo", "-h", "-o", "%T").Output(); err != nil || !strings.Contains(string(st), "idle") {
+		t.Skipf("no idle Slurm node (sinfo: %q, %v): run scripts/slurm/setup-single-host.sh", st, err)
+	}
+	data := corpus(t)
+	one, four := t.TempDir(), t.TempDir()
+	if out, err := titan(t, append(tinyRun(one, data, 4), "--set", "training.local_batch_size=4")...); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"-n", "4", "--overcommit", "--kill-on-bad-exit=1", "--time=3", "--job-name=titan-train-test", exe},
+		append(tinyRun(four, data, 4), "--set", "training.local_batch_size=1")...)
+	cmd := exec.Command(srun, args...)
+	cmd.Env = append(os.Environ(), "TITANTEST_RUN_MAIN=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("srun: %v\n%s", err, out)
+	}
+	a, b := losses(t, one), losses(t, four)
+	for step := 1; step <= 4; step++ {
+		x, _ := json.Number(a[step]).Float64()
+		y, _ := json.Number(b[step]).Float64()
+		if a[step] == "" || math.Abs(x-y) > 1e-5*math.Abs(x) {
+			t.Errorf("step %d: loss %s on one process, %s on 4 Slurm tasks", step, a[step], b[step])
+		}
 	}
 }
