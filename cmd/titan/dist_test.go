@@ -1,10 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"math"
+	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -119,6 +122,50 @@ func TestSlurmTrain(t *testing.T) {
 		y, _ := json.Number(b[step]).Float64()
 		if a[step] == "" || math.Abs(x-y) > 1e-5*math.Abs(x) {
 			t.Errorf("step %d: loss %s on one process, %s on 4 Slurm tasks", step, a[step], b[step])
+		}
+	}
+}
+
+// TestTwoNodesOnLoopback: two launchers acting as two nodes (one worker
+// each) train like one process with the same global batch.
+func TestTwoNodesOnLoopback(t *testing.T) {
+	data := corpus(t)
+	one, two := t.TempDir(), t.TempDir()
+	if out, err := titan(t, append(tinyRun(one, data, 4), "--set", "training.local_batch_size=2")...); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := l.Addr().String()
+	l.Close()
+	exe, _ := os.Executable()
+	var cmds []*exec.Cmd
+	outs := make([]*bytes.Buffer, 2)
+	for node := 0; node < 2; node++ {
+		args := append(tinyRun(two, data, 4), "--set", "training.local_batch_size=1",
+			"--nnodes", "2", "--node-rank", strconv.Itoa(node), "--rdzv-endpoint", endpoint, "--nproc", "1")
+		cmd := exec.Command(exe, args...)
+		outs[node] = &bytes.Buffer{}
+		cmd.Stdout, cmd.Stderr = outs[node], outs[node]
+		cmd.Env = append(os.Environ(), "TITANTEST_RUN_MAIN=1", "TITANRUN_SECRET=loopback-test-secret")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds = append(cmds, cmd)
+	}
+	for node, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("node %d: %v\n%s", node, err, outs[node])
+		}
+	}
+	a, b := losses(t, one), losses(t, two)
+	for step := 1; step <= 4; step++ {
+		x, _ := json.Number(a[step]).Float64()
+		y, _ := json.Number(b[step]).Float64()
+		if a[step] == "" || math.Abs(x-y) > 1e-5*math.Abs(x) {
+			t.Errorf("step %d: loss %s on one process, %s on two nodes", step, a[step], b[step])
 		}
 	}
 }
