@@ -149,6 +149,9 @@ func TestPyTorchParity(t *testing.T) {
 		}
 		be.Close()
 	}
+	for _, cat := range []string{"logits", "loss", "grad", "params"} {
+		t.Logf("%-7s worst relative error: %.2g (L2), %.2g (max)", cat, worst[cat][0], worst[cat][1])
+	}
 }
 
 // TestModelGradientFiniteDifferences checks the whole model's gradient

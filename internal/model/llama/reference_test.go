@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"math"
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -164,9 +165,15 @@ func checkClose(t *testing.T, what string, got, want []float32, tol float64) {
 		t.Fatalf("%s: %d values, want %d", what, len(got), len(want))
 	}
 	l2, maxRel := relErr(got, want)
+	cat := strings.Fields(what)[0]
+	w := worst[cat]
+	worst[cat] = [2]float64{math.Max(w[0], l2), math.Max(w[1], maxRel)}
 	if l2 > tol || maxRel > 10*tol || math.IsNaN(l2) || math.IsNaN(maxRel) {
 		t.Errorf("%s: relative error %.3g (L2), %.3g (max); want <= %.0g and <= %.0g", what, l2, maxRel, tol, 10*tol)
 	}
 }
+
+// worst holds the largest errors seen per check category (first word).
+var worst = map[string][2]float64{}
 
 func paramSlice(flat []float32, p Param) []float32 { return flat[p.Offset : p.Offset+p.Size] }

@@ -1,0 +1,115 @@
+package llama
+
+import (
+	"math"
+	"testing"
+
+	"github.com/titan-go/titan/internal/backend"
+	"github.com/titan-go/titan/internal/backend/cpu"
+)
+
+// TestStagesChainLikeTheModel: the model cut into stages, hidden states
+// and their gradients handed from stage to stage, gives the whole
+// model's loss and gradients bitwise, for several cuts and checkpointing
+// policies.
+func TestStagesChainLikeTheModel(t *testing.T) {
+	cfg := Config{Dim: 32, NLayers: 4, NHeads: 4, NKVHeads: 2, VocabSize: 61, MultipleOf: 16, NormEps: 1e-5, RoPETheta: 10000, MaxSeqLen: 16}
+	const B, T = 2, 8
+	be := cpu.New(2)
+	defer be.Close()
+	master := make([]float32, cfg.NumParams())
+	InitParams(cfg, 3, master, 0)
+	tokens, targets := acBatch(cfg, B*T, 4)
+
+	ref, err := New(be, cfg, B, T, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	be.Upload(ref.Params, master)
+	ref.ZeroGrad()
+	refLoss, err := ref.Forward(tokens, targets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scale := 1 / float32(ref.NumTargets())
+	if err := ref.Backward(scale); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]float32, cfg.NumParams())
+	be.Download(want, ref.Grads)
+
+	for _, c := range []struct {
+		name string
+		cuts []int // layers per stage
+		ac   ActivationCheckpoint
+	}{
+		{"2+2", []int{2, 2}, ActivationCheckpoint{}},
+		{"1+1+1+1", []int{1, 1, 1, 1}, ActivationCheckpoint{}},
+		{"3+1 full AC", []int{3, 1}, ActivationCheckpoint{Mode: "full"}},
+		{"1+3 op AC", []int{1, 3}, ActivationCheckpoint{Mode: "selective", SelectiveOption: "op"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			params := be.Alloc(backend.Float32, len(master))
+			grads := be.Alloc(backend.Float32, len(master))
+			be.Upload(params, master)
+			be.Zero(grads)
+			var stages []*Stage
+			first := 0
+			for i, n := range c.cuts {
+				spec := StageSpec{FirstLayer: first, NumLayers: n, Embedding: i == 0, Head: i == len(c.cuts)-1}
+				first += n
+				s, err := NewStage(be, cfg, spec, B, T, Options{Checkpoint: c.ac})
+				if err != nil {
+					t.Fatal(err)
+				}
+				lo, hi := spec.Range(cfg)
+				s.Bind(params.Slice(lo, hi-lo), grads.Slice(lo, hi-lo))
+				stages = append(stages, s)
+			}
+			var sum float64
+			var n int
+			for i, s := range stages {
+				if i > 0 {
+					be.Copy(s.Input(), stages[i-1].Output())
+				}
+				if sum, n, err = s.Forward(tokens, targets); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := float32(sum / float64(n)); got != refLoss {
+				t.Errorf("loss %v, whole model %v", got, refLoss)
+			}
+			for i := len(stages) - 1; i >= 0; i-- {
+				if i < len(stages)-1 {
+					be.Copy(stages[i].GradOutput(), stages[i+1].GradInput())
+				}
+				if err := stages[i].Backward(scale); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got := make([]float32, len(master))
+			be.Download(got, grads)
+			for i := range got {
+				if got[i] != want[i] && !(math.IsNaN(float64(got[i])) && math.IsNaN(float64(want[i]))) {
+					t.Fatalf("gradient %d: %v, whole model %v", i, got[i], want[i])
+				}
+			}
+		})
+	}
+}
+
+// TestStageRange: stage ranges tile the flat layout.
+func TestStageRange(t *testing.T) {
+	cfg := Config{Dim: 32, NLayers: 4, NHeads: 4, VocabSize: 61, MultipleOf: 16, NormEps: 1e-5, RoPETheta: 10000, MaxSeqLen: 16}
+	next := 0
+	for i := range 4 {
+		lo, hi := StageSpec{FirstLayer: i, NumLayers: 1, Embedding: i == 0, Head: i == 3}.Range(cfg)
+		if lo != next || hi <= lo {
+			t.Fatalf("stage %d: range [%d, %d), want it to start at %d", i, lo, hi, next)
+		}
+		next = hi
+	}
+	if next != int(cfg.NumParams()) {
+		t.Fatalf("stages end at %d, the layout has %d elements", next, cfg.NumParams())
+	}
+}
