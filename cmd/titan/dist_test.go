@@ -7,8 +7,8 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"strconv"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -59,7 +59,7 @@ func TestDataParallelMatchesOneProcess(t *testing.T) {
 // TestWorkerFailureStopsTheJob: an impossible layout on the workers makes
 // them fail; the launcher reports which rank and how.
 func TestWorkerFailureStopsTheJob(t *testing.T) {
-	args := append(tinyRun(t.TempDir(), corpus(t), 2), "--nproc", "2", "--set", "parallelism.tensor_parallel_degree=2")
+	args := append(tinyRun(t.TempDir(), corpus(t), 2), "--nproc", "2", "--set", "parallelism.context_parallel_degree=2", "--set", "training.seq_len=30")
 	_, err := titan(t, args...)
 	if err == nil || !strings.Contains(err.Error(), "rank") {
 		t.Fatalf("got %v, want an error naming the failed rank", err)

@@ -26,6 +26,12 @@ func checkpointDir(folder string, step int) string { return checkpoint.StepDir(f
 // optimizer moments. Under sharded data parallelism it all-gathers them
 // over the shard group, so every rank must call it.
 func (tr *Trainer) fullState(modelOnly bool) (params, mv, vv []float32, err error) {
+	if tr.sh != nil {
+		return tr.sh.fullState(tr, modelOnly)
+	}
+	if tr.pp != nil {
+		return tr.pp.fullState(modelOnly)
+	}
 	if tr.fs != nil {
 		if params, err = tr.fs.GatherFull(tr.fs.Params); err != nil || modelOnly {
 			return params, nil, nil, err
@@ -146,6 +152,12 @@ func (tr *Trainer) restore() error {
 // buffer (the model's parameters or an optimizer moment) or, under FSDP,
 // this rank's shards of one, read range by range.
 func (tr *Trainer) loadTensor(r *checkpoint.Reader, prefix string, dst backend.Tensor) error {
+	if tr.sh != nil {
+		return tr.sh.load(r, prefix, dst)
+	}
+	if tr.pp != nil {
+		return tr.pp.load(r, prefix, dst)
+	}
 	if tr.fs != nil {
 		return tr.fs.Load(dst, func(lo int, out []float32) error {
 			return fsdp.ReadRange(r, prefix, tr.Cfg, lo, out)
@@ -161,6 +173,12 @@ func (tr *Trainer) loadTensor(r *checkpoint.Reader, prefix string, dst backend.T
 
 // paramsTensor is the buffer that holds this rank's parameters.
 func (tr *Trainer) paramsTensor() backend.Tensor {
+	if tr.sh != nil {
+		return tr.sh.params
+	}
+	if tr.pp != nil {
+		return tr.pp.params
+	}
 	if tr.fs != nil {
 		return tr.fs.Params
 	}

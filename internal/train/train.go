@@ -54,6 +54,12 @@ type Trainer struct {
 	// data-parallel runtime (FSDP, HSDP or DDP); both nil on one process.
 	mesh *mesh.Mesh
 	fs   *fsdp.Runtime
+	// pp is the pipeline-parallel executor (nil without pipeline
+	// parallelism; Model is then nil and pp holds the stages).
+	pp *pipe
+	// sh runs tensor and context parallelism (nil without them; Model
+	// is then nil and sh holds this rank's shards).
+	sh *sharded
 }
 
 // Dist places a trainer in a data-parallel job.
@@ -117,7 +123,7 @@ func New(job *config.Job, out io.Writer, dist *Dist) (*Trainer, error) {
 	}
 	v := job.Validation
 	heldOut := v.Enable && v.Dataset == "" && v.DatasetPath == ""
-	tr.Data, err = OpenData(job.Training.Dataset, job.Training.DatasetPath, T, B*tr.accum*tr.dist.World, tr.seed, tr.Tok, heldOut, false)
+	tr.Data, err = OpenData(job.Training.Dataset, job.Training.DatasetPath, T, B*tr.accum*tr.dataRanks(), tr.seed, tr.Tok, heldOut, false)
 	if err != nil {
 		return nil, fmt.Errorf("training dataset: %w", err)
 	}
@@ -126,7 +132,7 @@ func New(job *config.Job, out io.Writer, dist *Dist) (*Trainer, error) {
 		if heldOut {
 			ds, path = job.Training.Dataset, job.Training.DatasetPath
 		}
-		if tr.Val, err = OpenData(ds, path, T, B*tr.dist.World, tr.seed, tr.Tok, heldOut, heldOut); err != nil {
+		if tr.Val, err = OpenData(ds, path, T, B*tr.dataRanks(), tr.seed, tr.Tok, heldOut, heldOut); err != nil {
 			return nil, fmt.Errorf("validation dataset: %w", err)
 		}
 	}
@@ -136,12 +142,23 @@ func New(job *config.Job, out io.Writer, dist *Dist) (*Trainer, error) {
 	}
 	be := cpu.New(threads)
 	tr.be = be
-	tr.Model, err = llama.New(be, cfg, B, T, llama.Options{External: tr.dist.World > 1, Checkpoint: tr.acPolicy()})
-	if err != nil {
+	var nOpt int
+	if tr.mesh.TP*tr.mesh.CP > 1 {
+		if err := tr.newSharded(be); err != nil {
+			return nil, err
+		}
+		nOpt = tr.sh.params.Len
+	} else if tr.mesh.PP > 1 {
+		if err := tr.newPipeline(be); err != nil {
+			return nil, err
+		}
+		nOpt = tr.pp.params.Len
+	} else if tr.Model, err = llama.New(be, cfg, B, T, llama.Options{External: tr.dist.World > 1, Checkpoint: tr.acPolicy()}); err != nil {
 		return nil, err
+	} else {
+		nOpt = tr.Model.Params.Len
 	}
-	nOpt := tr.Model.Params.Len
-	if tr.dist.World > 1 {
+	if tr.dist.World > 1 && tr.pp == nil && tr.sh == nil {
 		if tr.fs, err = tr.newSharding(be); err != nil {
 			return nil, err
 		}
@@ -166,7 +183,11 @@ func New(job *config.Job, out io.Writer, dist *Dist) (*Trainer, error) {
 		tr.peakFLOPS = p.PeakFLOPS()
 	}
 	tr.ckptFolder = filepath.Join(job.Job.DumpFolder, job.Checkpoint.Folder)
-	if tr.fs != nil {
+	if tr.sh != nil {
+		tr.sh.init(be, tr.seed)
+	} else if tr.pp != nil {
+		tr.pp.init(tr.seed)
+	} else if tr.fs != nil {
 		tr.fs.InitParams(tr.seed)
 	} else {
 		tr.Model.Init(tr.seed)
@@ -209,22 +230,20 @@ func (tr *Trainer) newSharding(be backend.Backend) (*fsdp.Runtime, error) {
 // dp_replicate; it returns the mesh.
 func checkParallelism(job *config.Job, world int) (*mesh.Mesh, error) {
 	p := job.Parallelism
-	for _, d := range []struct {
-		key string
-		v   int
-	}{
-		{"tensor_parallel_degree", p.TensorParallelDegree},
-		{"pipeline_parallel_degree", p.PipelineParallelDegree},
-		{"context_parallel_degree", p.ContextParallelDegree},
-	} {
-		if d.v != 1 {
-			return nil, fmt.Errorf("parallelism.%s = %d: not implemented yet; titan trains data parallel only (set it to 1)", d.key, d.v)
-		}
-	}
 	if _, err := fsdp.ParseReshard(p.FSDPReshardAfterForward); err != nil {
 		return nil, fmt.Errorf("parallelism: %w", err)
 	}
-	return mesh.New(world, mesh.Degrees{PP: 1, DPReplicate: p.DataParallelReplicateDegree, DPShard: p.DataParallelShardDegree, CP: 1, TP: 1})
+	if err := checkPipeline(job, world); err != nil {
+		return nil, err
+	}
+	m, err := mesh.New(world, mesh.Degrees{PP: p.PipelineParallelDegree, DPReplicate: p.DataParallelReplicateDegree, DPShard: p.DataParallelShardDegree, CP: p.ContextParallelDegree, TP: p.TensorParallelDegree})
+	if err != nil {
+		return nil, err
+	}
+	if err := checkSharded(job, m); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // stateBytes is the memory of this rank's parameters, gradients and
@@ -232,6 +251,12 @@ func checkParallelism(job *config.Job, world int) (*mesh.Mesh, error) {
 // transient and not included.
 func (tr *Trainer) stateBytes() int64 {
 	opt := int64(tr.Opt.M.Len+tr.Opt.V.Len) * 4
+	if tr.sh != nil {
+		return int64(tr.sh.params.Len+tr.sh.grads.Len)*4 + opt
+	}
+	if tr.pp != nil {
+		return int64(tr.pp.params.Len+tr.pp.grads.Len)*4 + opt
+	}
 	if tr.fs != nil {
 		return tr.fs.StateBytes() + opt
 	}
@@ -282,10 +307,10 @@ func (tr *Trainer) Run(ctx context.Context) error {
 		return err
 	}
 	defer tr.log.Close()
-	B, T := tr.Model.B, tr.Model.T
+	B, T := job.Training.LocalBatchSize, job.Training.SeqLen
 	tr.log.Printf("titan: llama3 %s, %s parameters, %d sequences × %d tokens per step (%d microbatches of %d on each of %d ranks), %d threads per rank, gemm %s, peak %.0f GFLOP/s, activation checkpointing %s (%.1f MiB of activations per rank)",
-		job.Model.Flavor, humanCount(tr.Cfg.NumParams()), tr.accum*B*tr.dist.World, T, tr.accum, B, tr.dist.World, tr.be.(*cpu.Backend).Threads(), gemm.Kernel(), tr.peakFLOPS/1e9,
-		tr.acPolicy(), float64(tr.Model.ActivationBytes())/(1<<20))
+		job.Model.Flavor, humanCount(tr.Cfg.NumParams()), tr.accum*B*tr.dataRanks(), T, tr.accum, B, tr.dataRanks(), tr.be.(*cpu.Backend).Threads(), gemm.Kernel(), tr.peakFLOPS/1e9,
+		tr.acPolicy(), float64(tr.activationBytes())/(1<<20))
 	if tr.mesh != nil {
 		tr.log.Printf("titan: mesh %s, fsdp_reshard_after_forward %q", tr.mesh, job.Parallelism.FSDPReshardAfterForward)
 	}
@@ -324,7 +349,7 @@ func (tr *Trainer) Run(ctx context.Context) error {
 		if tr.OnStep != nil {
 			tr.OnStep(tr.Step, loss)
 		}
-		windowTokens += tr.accum * B * T * tr.dist.World
+		windowTokens += tr.accum * B * T * tr.dataRanks()
 		lossSum += loss
 		lossN++
 		tr.log.Progress(tr.Step, loss)
@@ -417,6 +442,12 @@ func (tr *Trainer) sumOverRanks(x []float64) error {
 // mean loss over the global batch, the gradient norm before clipping and
 // the learning rate used.
 func (tr *Trainer) TrainStep() (loss, gradNorm, lr float64, err error) {
+	if tr.sh != nil {
+		return tr.shardedStep()
+	}
+	if tr.pp != nil {
+		return tr.ppTrainStep()
+	}
 	m := tr.Model
 	batch, err := tr.Data.Next()
 	if err != nil {
@@ -489,6 +520,12 @@ func (tr *Trainer) TrainStep() (loss, gradNorm, lr float64, err error) {
 func (tr *Trainer) Validate(steps int) (float64, error) {
 	if steps <= 0 {
 		steps = 10
+	}
+	if tr.sh != nil {
+		return tr.shardedValidate(steps)
+	}
+	if tr.pp != nil {
+		return tr.ppValidate(steps)
 	}
 	acc := []float64{0, 0}
 	for i := 0; i < steps; i++ {

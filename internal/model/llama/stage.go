@@ -44,7 +44,10 @@ type Stage struct {
 	Spec StageSpec
 	Full Config
 	m    *Model // local model: Cfg.NLayers = Spec.NumLayers, external parameters
-	sum  float64
+	// douts and pending are a split backward's kept output gradients and
+	// its deferred weight-gradient products (see BackwardInput).
+	douts   []layerDouts
+	pending []func()
 }
 
 // NewStage plans and allocates a stage of the model full. Its parameters
@@ -56,6 +59,9 @@ func NewStage(be backend.Backend, full Config, spec StageSpec, B, T int, opt Opt
 	local := full
 	local.NLayers = spec.NumLayers
 	opt.External = true
+	if !spec.Head {
+		opt.LogitChunk = 1 // no logits: keep their planned buffer small
+	}
 	m, err := New(be, local, B, T, opt)
 	if err != nil {
 		return nil, err
@@ -65,6 +71,17 @@ func NewStage(be backend.Backend, full Config, spec StageSpec, B, T int, opt Opt
 
 // Model returns the stage's local model (its Cfg has the stage's layers).
 func (s *Stage) Model() *Model { return s.m }
+
+// ActivationBytes is the stage's activation memory: its model's planned
+// activations and, once a split backward ran, the output gradients it
+// keeps for BackwardWeight.
+func (s *Stage) ActivationBytes() int64 {
+	n := s.m.ActivationBytes()
+	for _, o := range s.douts {
+		n += int64(o.ffnOut.Len+o.h1.Len+o.h3.Len+o.attnOut.Len+o.qr.Len+o.kr.Len+o.v.Len) * 4
+	}
+	return n
+}
 
 // Bind lays the stage's parameter and gradient views over params and
 // grads, both holding the elements Spec.Range(Full) of the flat layout.
@@ -171,7 +188,68 @@ func (s *Stage) Forward(tokens, targets []int32) (lossSum float64, numTargets in
 // With the head the gradient is that of lossScale × (sum of the per-token
 // losses of the last Forward); otherwise the caller has filled
 // GradOutput() with the gradient with respect to Output().
-func (s *Stage) Backward(lossScale float32) error {
+func (s *Stage) Backward(lossScale float32) error { return s.backward(lossScale, false) }
+
+// CanSplit reports whether BackwardInput defers the weight gradients of
+// the linear layers to BackwardWeight: only when every activation is kept
+// (no activation checkpointing), since the deferred products read the
+// layer inputs after later layers' backward passes ran.
+func (s *Stage) CanSplit() bool {
+	for _, p := range s.m.policy {
+		if p != keepAll {
+			return false
+		}
+	}
+	return true
+}
+
+// BackwardInput is the first half of a split Backward, the "B" of
+// zero-bubble schedules: it computes the gradient with respect to the
+// stage's input and every gradient except the weight gradients of the
+// linear layers (and, with a chunked vocabulary, of the output
+// projection), which BackwardWeight computes. It keeps the output
+// gradients of those layers until then: per layer 2·Dim + 2·FFNHidden +
+// (NHeads + 2·NKVHeads)·HeadDim floats per token. When !CanSplit() it runs
+// the whole Backward and BackwardWeight does nothing.
+func (s *Stage) BackwardInput(lossScale float32) error {
+	return s.backward(lossScale, s.CanSplit())
+}
+
+// ReserveSplit allocates the memory a split backward keeps (see
+// BackwardInput) ahead of the first one, when CanSplit.
+func (s *Stage) ReserveSplit() {
+	if s.douts != nil || !s.CanSplit() {
+		return
+	}
+	m, cfg, be := s.m, s.m.Cfg, s.m.be
+	BT, D, F := m.B*m.T, cfg.Dim, cfg.FFNHidden()
+	Q, KV := cfg.NHeads*cfg.HeadDim(), cfg.KVHeads()*cfg.HeadDim()
+	s.douts = make([]layerDouts, cfg.NLayers)
+	for l := range s.douts {
+		s.douts[l] = layerDouts{
+			ffnOut: be.Alloc(backend.Float32, BT*D), h1: be.Alloc(backend.Float32, BT*F), h3: be.Alloc(backend.Float32, BT*F),
+			attnOut: be.Alloc(backend.Float32, BT*D), qr: be.Alloc(backend.Float32, BT*Q), kr: be.Alloc(backend.Float32, BT*KV), v: be.Alloc(backend.Float32, BT*KV),
+		}
+	}
+}
+
+// BackwardWeight is the second half of a split Backward, the "W" of
+// zero-bubble schedules: it accumulates the weight gradients BackwardInput
+// deferred. The sum of both halves equals Backward's gradients.
+func (s *Stage) BackwardWeight() {
+	for _, f := range s.pending {
+		f()
+	}
+	s.pending = s.pending[:0]
+}
+
+// layerDouts are one layer's output gradients of the linear layers that a
+// split backward keeps for BackwardWeight.
+type layerDouts struct {
+	ffnOut, h1, h3, attnOut, qr, kr, v backend.Tensor
+}
+
+func (s *Stage) backward(lossScale float32, split bool) error {
 	m, cfg, be := s.m, s.m.Cfg, s.m.be
 	B, T := m.B, m.T
 	BT, D, F := B*T, cfg.Dim, cfg.FFNHidden()
@@ -179,6 +257,26 @@ func (s *Stage) Backward(lossScale float32) error {
 	Q, KV := H*HD, KVH*HD
 	d := &m.d
 	dims := backend.AttentionDims{B: B, Tq: T, Tk: T, NH: H, NKV: KVH, HD: HD}
+	if len(s.pending) != 0 {
+		return fmt.Errorf("llama: stage backward before the weight gradients of the previous one")
+	}
+	if split {
+		s.ReserveSplit()
+	}
+	// lin is linearBackward, its weight product deferred when defer is set.
+	lin := func(dinp, dw, dout, inp, w backend.Tensor, N, in, outDim int, overwrite, deferW bool) {
+		beta := float32(1)
+		if overwrite {
+			beta = 0
+		}
+		be.Gemm(false, false, N, in, outDim, 1, dout, outDim, w, in, beta, dinp, in)
+		wg := func() { be.Gemm(true, false, outDim, in, N, 1, dout, outDim, inp, in, 1, dw, in) }
+		if deferW {
+			s.pending = append(s.pending, wg)
+		} else {
+			wg()
+		}
+	}
 	if s.Spec.Head {
 		if !m.haveTargets {
 			return fmt.Errorf("llama: stage backward needs a forward pass with targets")
@@ -193,7 +291,8 @@ func (s *Stage) Backward(lossScale float32) error {
 				linear(be, logits, m.final, w, BT, D, nv, false)
 			}
 			be.CrossEntropyChunkBackward(logits, m.stats, m.targets, BT, nv, v0, lossScale)
-			linearBackward(be, d.x, dw, logits, m.final, w, BT, D, nv, false)
+			// The logits gradient outlives this loop only with one chunk.
+			lin(d.x, dw, logits, m.final, w, BT, D, nv, false, split && single)
 		}
 		if single {
 			m.haveTargets = false
@@ -204,26 +303,38 @@ func (s *Stage) Backward(lossScale float32) error {
 	for l := cfg.NLayers - 1; l >= 0; l-- {
 		m.restore(l)
 		a, p, g := &m.layers[l], &m.P.Layers[l], &m.G.Layers[l]
-		linearBackward(be, d.hs, g.W2, d.resid, a.hs, p.W2, BT, F, D, true)
-		be.Zero(d.h1)
-		be.Zero(d.h3)
-		be.SwiGLUBackward(d.h1, d.h3, d.hs, a.h1, a.h3, BT*F)
-		linearBackward(be, d.x, g.W1, d.h1, a.ffnNorm, p.W1, BT, D, F, true)
-		linearBackward(be, d.x, g.W3, d.h3, a.ffnNorm, p.W3, BT, D, F, false)
+		ffnOut, dh1, dh3, dqr, dkr, dv := d.resid, d.h1, d.h3, d.qr, d.kr, d.v
+		var o *layerDouts
+		if split {
+			o = &s.douts[l]
+			be.Copy(o.ffnOut, d.resid)
+			ffnOut, dh1, dh3, dqr, dkr, dv = o.ffnOut, o.h1, o.h3, o.qr, o.kr, o.v
+		}
+		lin(d.hs, g.W2, ffnOut, a.hs, p.W2, BT, F, D, true, split)
+		be.Zero(dh1)
+		be.Zero(dh3)
+		be.SwiGLUBackward(dh1, dh3, d.hs, a.h1, a.h3, BT*F)
+		lin(d.x, g.W1, dh1, a.ffnNorm, p.W1, BT, D, F, true, split)
+		lin(d.x, g.W3, dh3, a.ffnNorm, p.W3, BT, D, F, false, split)
 		be.RMSNormBackward(d.resid, g.FFNNorm, d.x, a.mid, p.FFNNorm, a.ffnRstd, BT, D)
 
-		linearBackward(be, d.attn, g.Wo, d.resid, a.attn, p.Wo, BT, Q, D, true)
+		attnOut := d.resid
+		if split {
+			be.Copy(o.attnOut, d.resid)
+			attnOut = o.attnOut
+		}
+		lin(d.attn, g.Wo, attnOut, a.attn, p.Wo, BT, Q, D, true, split)
 		be.Zero(d.q)
 		be.Zero(d.k)
-		be.Zero(d.v)
-		be.AttentionBackward(d.q, d.k, d.v, d.attn, a.q, a.k, a.v, a.attn, a.lse, dims)
-		be.Zero(d.qr)
-		be.Zero(d.kr)
-		be.RoPEBackward(d.qr, d.q, m.cos, m.sin, B, T, H, HD)
-		be.RoPEBackward(d.kr, d.k, m.cos, m.sin, B, T, KVH, HD)
-		linearBackward(be, d.x, g.Wq, d.qr, a.attnNorm, p.Wq, BT, D, Q, true)
-		linearBackward(be, d.x, g.Wk, d.kr, a.attnNorm, p.Wk, BT, D, KV, false)
-		linearBackward(be, d.x, g.Wv, d.v, a.attnNorm, p.Wv, BT, D, KV, false)
+		be.Zero(dv)
+		be.AttentionBackward(d.q, d.k, dv, d.attn, a.q, a.k, a.v, a.attn, a.lse, dims)
+		be.Zero(dqr)
+		be.Zero(dkr)
+		be.RoPEBackward(dqr, d.q, m.cos, m.sin, B, T, H, HD)
+		be.RoPEBackward(dkr, d.k, m.cos, m.sin, B, T, KVH, HD)
+		lin(d.x, g.Wq, dqr, a.attnNorm, p.Wq, BT, D, Q, true, split)
+		lin(d.x, g.Wk, dkr, a.attnNorm, p.Wk, BT, D, KV, false, split)
+		lin(d.x, g.Wv, dv, a.attnNorm, p.Wv, BT, D, KV, false, split)
 		be.RMSNormBackward(d.resid, g.AttnNorm, d.x, m.resid[l], p.AttnNorm, a.attnRstd, BT, D)
 	}
 	if s.Spec.Embedding {

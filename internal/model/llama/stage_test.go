@@ -10,8 +10,9 @@ import (
 
 // TestStagesChainLikeTheModel: the model cut into stages, hidden states
 // and their gradients handed from stage to stage, gives the whole
-// model's loss and gradients bitwise, for several cuts and checkpointing
-// policies.
+// model's loss and gradients bitwise, for several cuts, checkpointing
+// policies and logit chunks, with the backward whole or split into
+// BackwardInput and a deferred BackwardWeight.
 func TestStagesChainLikeTheModel(t *testing.T) {
 	cfg := Config{Dim: 32, NLayers: 4, NHeads: 4, NKVHeads: 2, VocabSize: 61, MultipleOf: 16, NormEps: 1e-5, RoPETheta: 10000, MaxSeqLen: 16}
 	const B, T = 2, 8
@@ -21,34 +22,43 @@ func TestStagesChainLikeTheModel(t *testing.T) {
 	InitParams(cfg, 3, master, 0)
 	tokens, targets := acBatch(cfg, B*T, 4)
 
-	ref, err := New(be, cfg, B, T, Options{})
-	if err != nil {
-		t.Fatal(err)
+	// whole runs the whole model with logit chunk chunk.
+	whole := func(t *testing.T, chunk int) (loss, scale float32, grads []float32) {
+		ref, err := New(be, cfg, B, T, Options{LogitChunk: chunk})
+		if err != nil {
+			t.Fatal(err)
+		}
+		be.Upload(ref.Params, master)
+		ref.ZeroGrad()
+		if loss, err = ref.Forward(tokens, targets); err != nil {
+			t.Fatal(err)
+		}
+		scale = 1 / float32(ref.NumTargets())
+		if err := ref.Backward(scale); err != nil {
+			t.Fatal(err)
+		}
+		grads = make([]float32, cfg.NumParams())
+		be.Download(grads, ref.Grads)
+		return loss, scale, grads
 	}
-	be.Upload(ref.Params, master)
-	ref.ZeroGrad()
-	refLoss, err := ref.Forward(tokens, targets)
-	if err != nil {
-		t.Fatal(err)
-	}
-	scale := 1 / float32(ref.NumTargets())
-	if err := ref.Backward(scale); err != nil {
-		t.Fatal(err)
-	}
-	want := make([]float32, cfg.NumParams())
-	be.Download(want, ref.Grads)
 
 	for _, c := range []struct {
-		name string
-		cuts []int // layers per stage
-		ac   ActivationCheckpoint
+		name  string
+		cuts  []int // layers per stage
+		ac    ActivationCheckpoint
+		split bool // BackwardInput, then BackwardWeight once every stage ran
+		chunk int  // logit chunk (0: whole vocabulary)
 	}{
-		{"2+2", []int{2, 2}, ActivationCheckpoint{}},
-		{"1+1+1+1", []int{1, 1, 1, 1}, ActivationCheckpoint{}},
-		{"3+1 full AC", []int{3, 1}, ActivationCheckpoint{Mode: "full"}},
-		{"1+3 op AC", []int{1, 3}, ActivationCheckpoint{Mode: "selective", SelectiveOption: "op"}},
+		{"2+2", []int{2, 2}, ActivationCheckpoint{}, false, 0},
+		{"1+1+1+1", []int{1, 1, 1, 1}, ActivationCheckpoint{}, false, 0},
+		{"3+1 full AC", []int{3, 1}, ActivationCheckpoint{Mode: "full"}, false, 0},
+		{"1+3 op AC", []int{1, 3}, ActivationCheckpoint{Mode: "selective", SelectiveOption: "op"}, false, 0},
+		{"2+2 split", []int{2, 2}, ActivationCheckpoint{}, true, 0},
+		{"1+1+2 split chunked", []int{1, 1, 2}, ActivationCheckpoint{}, true, 20},
+		{"2+2 split full AC", []int{2, 2}, ActivationCheckpoint{Mode: "full"}, true, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			refLoss, scale, want := whole(t, c.chunk)
 			params := be.Alloc(backend.Float32, len(master))
 			grads := be.Alloc(backend.Float32, len(master))
 			be.Upload(params, master)
@@ -58,7 +68,7 @@ func TestStagesChainLikeTheModel(t *testing.T) {
 			for i, n := range c.cuts {
 				spec := StageSpec{FirstLayer: first, NumLayers: n, Embedding: i == 0, Head: i == len(c.cuts)-1}
 				first += n
-				s, err := NewStage(be, cfg, spec, B, T, Options{Checkpoint: c.ac})
+				s, err := NewStage(be, cfg, spec, B, T, Options{Checkpoint: c.ac, LogitChunk: c.chunk})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -68,6 +78,7 @@ func TestStagesChainLikeTheModel(t *testing.T) {
 			}
 			var sum float64
 			var n int
+			var err error
 			for i, s := range stages {
 				if i > 0 {
 					be.Copy(s.Input(), stages[i-1].Output())
@@ -83,9 +94,19 @@ func TestStagesChainLikeTheModel(t *testing.T) {
 				if i < len(stages)-1 {
 					be.Copy(stages[i].GradOutput(), stages[i+1].GradInput())
 				}
-				if err := stages[i].Backward(scale); err != nil {
+				backward := stages[i].Backward
+				if c.split {
+					backward = stages[i].BackwardInput
+				}
+				if err := backward(scale); err != nil {
 					t.Fatal(err)
 				}
+			}
+			if split := stages[0].CanSplit(); split != (c.ac.Mode == "") {
+				t.Errorf("CanSplit() = %v under activation checkpointing %q", split, c.ac.Mode)
+			}
+			for _, s := range stages {
+				s.BackwardWeight()
 			}
 			got := make([]float32, len(master))
 			be.Download(got, grads)

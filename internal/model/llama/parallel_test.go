@@ -1,0 +1,316 @@
+package llama
+
+import (
+	"math"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/titan-go/titan/internal/backend/cpu"
+)
+
+// fakeGroup lets goroutines exchange buffers like the members of a
+// communication group.
+type fakeGroup struct {
+	n       int
+	mu      sync.Mutex
+	cond    *sync.Cond
+	bufs    [][]float32
+	arrived int
+	gen     int
+}
+
+func newFakeGroup(n int) *fakeGroup {
+	g := &fakeGroup{n: n, bufs: make([][]float32, n)}
+	g.cond = sync.NewCond(&g.mu)
+	return g
+}
+
+func (g *fakeGroup) barrier() {
+	gen := g.gen
+	g.arrived++
+	if g.arrived == g.n {
+		g.arrived = 0
+		g.gen++
+		g.cond.Broadcast()
+		return
+	}
+	for gen == g.gen {
+		g.cond.Wait()
+	}
+}
+
+// exchange returns every member's x, in rank order.
+func (g *fakeGroup) exchange(rank int, x []float32) [][]float32 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.bufs[rank] = slices.Clone(x)
+	g.barrier()
+	all := slices.Clone(g.bufs)
+	g.barrier()
+	return all
+}
+
+// fakeComm implements ParallelComm over fake tp and cp groups.
+type fakeComm struct {
+	tp, cp         *fakeGroup
+	tpRank, cpRank int
+}
+
+func (c *fakeComm) AllGatherSeq(send, recv []float32) error {
+	for i, b := range c.tp.exchange(c.tpRank, send) {
+		copy(recv[i*len(send):], b)
+	}
+	return nil
+}
+
+func (c *fakeComm) ReduceScatterSeq(send, recv []float32) error {
+	all := c.tp.exchange(c.tpRank, send)
+	lo := c.tpRank * len(recv)
+	for j := range recv {
+		var s float32
+		for _, b := range all {
+			s += b[lo+j]
+		}
+		recv[j] = s
+	}
+	return nil
+}
+
+func (c *fakeComm) AllReduceTP(x []float32, isMax bool) error {
+	all := c.tp.exchange(c.tpRank, x)
+	for j := range x {
+		v := all[0][j]
+		for _, b := range all[1:] {
+			if isMax {
+				v = max(v, b[j])
+			} else {
+				v += b[j]
+			}
+		}
+		x[j] = v
+	}
+	return nil
+}
+
+func (c *fakeComm) RingShift(send, recv []float32) error {
+	all := c.cp.exchange(c.cpRank, send)
+	copy(recv, all[(c.cpRank-1+c.cp.n)%c.cp.n])
+	return nil
+}
+
+func parallelTestConfig() Config {
+	return Config{Dim: 32, NLayers: 2, NHeads: 4, NKVHeads: 2, VocabSize: 64, MultipleOf: 16, NormEps: 1e-5, RoPETheta: 10000, MaxSeqLen: 16}
+}
+
+// TestShardedMatchesModel: tensor parallel (with sequence and loss
+// parallel), context parallel (ring attention) and both give the loss and
+// the gradients of the one-process model.
+func TestShardedMatchesModel(t *testing.T) {
+	cfg := parallelTestConfig()
+	const B, T, seed = 2, 16, 7
+	tokens, targets := make([]int32, B*T), make([]int32, B*T)
+	for i := range tokens {
+		tokens[i] = int32((i*37 + 11) % cfg.VocabSize)
+		targets[i] = int32((i*53 + 5) % cfg.VocabSize)
+	}
+	targets[3], targets[20] = -1, -1
+	ref, err := New(cpu.New(1), cfg, B, T, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref.Init(seed)
+	wantLoss, err := ref.Forward(tokens, targets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scale := 1 / float32(ref.NumTargets())
+	if err := ref.Backward(scale); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]float32, ref.Grads.Len)
+	ref.be.Download(want, ref.Grads)
+
+	for _, c := range []struct{ tp, cp, chunk int }{{1, 1, 0}, {2, 1, 0}, {1, 2, 0}, {2, 2, 0}, {2, 1, 5}, {2, 2, 32}} {
+		tpGroups := make([]*fakeGroup, c.cp)
+		cpGroups := make([]*fakeGroup, c.tp)
+		for i := range tpGroups {
+			tpGroups[i] = newFakeGroup(c.tp)
+		}
+		for i := range cpGroups {
+			cpGroups[i] = newFakeGroup(c.cp)
+		}
+		grads := make([][][]float32, c.cp) // [cp][tp]
+		losses := make([]float64, c.cp)
+		counts := make([]int, c.cp)
+		errs := make([]error, c.tp*c.cp)
+		var wg sync.WaitGroup
+		for cr := 0; cr < c.cp; cr++ {
+			grads[cr] = make([][]float32, c.tp)
+			for tr := 0; tr < c.tp; tr++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					fc := &fakeComm{tp: tpGroups[cr], cp: cpGroups[tr], tpRank: tr, cpRank: cr}
+					m, err := NewSharded(cpu.New(1), cfg, B, T, ShardPlan{TP: c.tp, TPRank: tr, CP: c.cp, CPRank: cr, LogitChunk: c.chunk}, fc)
+					if err != nil {
+						errs[cr*c.tp+tr] = err
+						return
+					}
+					m.Init(seed)
+					l, err := m.Forward(CPSlice(tokens, T, c.cp, cr), CPSlice(targets, T, c.cp, cr))
+					if err == nil {
+						err = m.Backward(scale)
+					}
+					if err == nil {
+						err = m.ReduceReplicated()
+					}
+					if err != nil {
+						errs[cr*c.tp+tr] = err
+						return
+					}
+					g := make([]float32, m.Grads.Len)
+					m.be.Download(g, m.Grads)
+					grads[cr][tr] = g
+					if tr == 0 {
+						losses[cr], counts[cr] = float64(l)*float64(m.NumTargets()), m.NumTargets()
+					}
+				}()
+			}
+		}
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				t.Fatalf("tp %d cp %d chunk %d: %v", c.tp, c.cp, c.chunk, err)
+			}
+		}
+		var lsum float64
+		var n int
+		got := make([]float32, len(want))
+		for cr := range grads {
+			lsum += losses[cr]
+			n += counts[cr]
+			for i, v := range UnshardFlat(cfg, grads[cr]) {
+				got[i] += v
+			}
+		}
+		loss := lsum / float64(n)
+		if math.Abs(loss-float64(wantLoss)) > 1e-6*float64(wantLoss) {
+			t.Errorf("tp %d cp %d chunk %d: loss %.9g, one model %.9g", c.tp, c.cp, c.chunk, loss, wantLoss)
+		}
+		var d2, n2 float64
+		for i := range want {
+			d := float64(got[i] - want[i])
+			d2 += d * d
+			n2 += float64(want[i]) * float64(want[i])
+		}
+		if rel := math.Sqrt(d2 / n2); rel > 1e-5 {
+			t.Errorf("tp %d cp %d chunk %d: gradients differ by %.3g (L2 relative)", c.tp, c.cp, c.chunk, rel)
+		} else {
+			t.Logf("tp %d cp %d chunk %d: loss %.9g vs %.9g, gradients %.3g (L2 relative)", c.tp, c.cp, c.chunk, loss, wantLoss, rel)
+		}
+	}
+}
+
+// TestShardFlatRoundTrip: the shards of every rank assemble back into
+// the whole buffer, row blocks and column blocks in place.
+func TestShardFlatRoundTrip(t *testing.T) {
+	cfg := parallelTestConfig()
+	full := make([]float32, cfg.NumParams())
+	for i := range full {
+		full[i] = float32(i)
+	}
+	for _, tp := range []int{1, 2, 4} {
+		locals := make([][]float32, tp)
+		for r := range locals {
+			locals[r] = ShardFlat(cfg, tp, r, full)
+		}
+		if !slices.Equal(UnshardFlat(cfg, locals), full) {
+			t.Errorf("tp %d: shards do not reassemble the buffer", tp)
+		}
+		// wo of layer 0 is [D, q] split by columns: rank 1's first
+		// element is column q/tp of row 0.
+		if tp > 1 {
+			lay := cfg.ShardLayout(tp)
+			wo := lay[5]
+			if wo.Kind != ColBlock {
+				t.Fatalf("%s: kind %d, want ColBlock", wo.Name, wo.Kind)
+			}
+			if got, want := locals[1][wo.LocalOffset], full[wo.Offset+wo.Shape[1]/tp]; got != want {
+				t.Errorf("tp %d: rank 1's wo starts with %v, want %v", tp, got, want)
+			}
+		}
+	}
+}
+
+// TestCPSliceAndChunks: rank r holds chunks r and 2cp-1-r; the ranks
+// together hold every token once.
+func TestCPSliceAndChunks(t *testing.T) {
+	const T, cp = 16, 2
+	x := make([]int32, 2*T)
+	for i := range x {
+		x[i] = int32(i)
+	}
+	if got, want := CPSlice(x, T, cp, 0), []int32{0, 1, 2, 3, 12, 13, 14, 15, 16, 17, 18, 19, 28, 29, 30, 31}; !slices.Equal(got, want) {
+		t.Errorf("rank 0: %v, want %v", got, want)
+	}
+	if got, want := CPSlice(x, T, cp, 1), []int32{4, 5, 6, 7, 8, 9, 10, 11, 20, 21, 22, 23, 24, 25, 26, 27}; !slices.Equal(got, want) {
+		t.Errorf("rank 1: %v, want %v", got, want)
+	}
+}
+
+// TestMergeAttention: merging two partial softmax averages by their
+// log-sum-exps equals the softmax average over both key sets (float64
+// reference).
+func TestMergeAttention(t *testing.T) {
+	scores := []float64{0.3, -1.2, 2.0, 0.7, -0.4}
+	vals := []float64{1, -2, 0.5, 3, -1}
+	part := func(lo, hi int) (o, l float32) {
+		var s, acc float64
+		for j := lo; j < hi; j++ {
+			e := math.Exp(scores[j])
+			s += e
+			acc += e * vals[j]
+		}
+		return float32(acc / s), float32(math.Log(s))
+	}
+	o1, l1 := part(0, 2)
+	o2, l2 := part(2, 5)
+	want, wantL := part(0, 5)
+	out, lse := []float32{o1}, []float32{l1}
+	MergeAttention(out, lse, []float32{o2}, []float32{l2}, 1, 1, 1)
+	if math.Abs(float64(out[0]-want)) > 1e-6 || math.Abs(float64(lse[0]-wantL)) > 1e-6 {
+		t.Errorf("merged (%v, %v), want (%v, %v)", out[0], lse[0], want, wantL)
+	}
+}
+
+// TestCheckParallel: shapes that do not split are refused with the reason.
+func TestCheckParallel(t *testing.T) {
+	cfg := parallelTestConfig()
+	for _, c := range []struct {
+		T, tp, cp int
+		want      string
+	}{
+		{16, 3, 1, "parallelism.tensor_parallel_degree 3: n_heads 4 is not divisible by 3"},
+		{16, 4, 1, "parallelism.tensor_parallel_degree 4: n_kv_heads 2 is not divisible by 4"},
+		{12, 1, 4, "parallelism.context_parallel_degree 4: training.seq_len 12 is not divisible by 2×4 = 8"},
+		{6, 4, 1, "parallelism.tensor_parallel_degree 4: training.seq_len 6 / context_parallel_degree 1 = 6 is not divisible by 4"},
+		{16, 2, 2, ""},
+		{16, 4, 2, ""},
+	} {
+		cfg := cfg
+		if c.tp == 4 && c.T != 16 || c.cp == 2 && c.tp == 4 {
+			cfg.NKVHeads = 4
+		}
+		err := CheckParallel(cfg, c.T, c.tp, c.cp)
+		got := ""
+		if err != nil {
+			got = err.Error()
+		}
+		if c.want == "" && err != nil || c.want != "" && (err == nil || !hasPrefix(got, c.want)) {
+			t.Errorf("T %d tp %d cp %d: error %q, want %q", c.T, c.tp, c.cp, got, c.want)
+		}
+	}
+}
+
+func hasPrefix(s, p string) bool { return len(s) >= len(p) && s[:len(p)] == p }

@@ -1,0 +1,166 @@
+package train
+
+import (
+	"context"
+	"io"
+	"math"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/titan-go/titan/internal/comm"
+	"github.com/titan-go/titan/internal/config"
+	"github.com/titan-go/titan/internal/parallel/pipeline"
+)
+
+// pipelineTrainers builds one trainer per rank of an in-process job of
+// world ranks (one goroutine each) on recipes with sets
+// applied (the defaults otherwise), and returns them with a function that runs fn on every rank
+// at once.
+func pipelineTrainers(tb testing.TB, world int, sets ...string) ([]*Trainer, func(fn func(tr *Trainer) error)) {
+	tb.Helper()
+	trs := make([]*Trainer, world)
+	errs := make([]error, world)
+	st := comm.NewMemStore()
+	var wg sync.WaitGroup
+	for r := range world {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			j, err := config.Load("", sets, nil)
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			g, err := comm.NewWorld(context.Background(), st, r, world, comm.Options{})
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			trs[r], errs[r] = New(j, io.Discard, &Dist{Rank: r, World: world, Group: g, Threads: 1})
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			tb.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	tb.Cleanup(func() {
+		for _, tr := range trs {
+			tr.Close()
+			tr.dist.Group.Close()
+		}
+	})
+	all := func(fn func(tr *Trainer) error) {
+		tb.Helper()
+		var wg sync.WaitGroup
+		for r, tr := range trs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[r] = fn(tr)
+			}()
+		}
+		wg.Wait()
+		for r, err := range errs {
+			if err != nil {
+				tb.Fatalf("rank %d: %v", r, err)
+			}
+		}
+	}
+	return trs, all
+}
+
+// pipelineSets are recipe overrides for the in-process pipeline runs.
+func pipelineSets(job *config.Job, steps int, extra ...string) []string {
+	return append([]string{
+		"model.flavor=tiny_bench", "training.seq_len=16", "training.local_batch_size=4",
+		"training.dataset=text", "training.dataset_path=" + job.Training.DatasetPath,
+		"training.steps=" + strconv.Itoa(steps), "training.seed=3", "job.dump_folder=" + job.Job.DumpFolder,
+		"lr_scheduler.warmup_steps=2", "metrics.log_freq=100", "checkpoint.enable=false",
+		"validation.enable=true", "validation.steps=2", "validation.dataset=text", "validation.dataset_path=" + job.Training.DatasetPath,
+	}, extra...)
+}
+
+// TestPipelineTrainsAndValidatesLikeOneProcess: two in-process pipeline
+// ranks (ZBV places the last stage on rank 0, 1F1B on rank 1) give the
+// one-process training losses and validation loss within 1e-5 relative.
+func TestPipelineTrainsAndValidatesLikeOneProcess(t *testing.T) {
+	job := testJob(t, t.TempDir(), 3)
+	base := pipelineSets(job, 3)
+	_, oneAll := pipelineTrainers(t, 1, base...)
+	var ref []float64
+	oneAll(func(tr *Trainer) error {
+		for range 3 {
+			l, _, _, err := tr.TrainStep()
+			if err != nil {
+				return err
+			}
+			ref = append(ref, l)
+		}
+		v, err := tr.Validate(2)
+		ref = append(ref, v)
+		return err
+	})
+	for _, sched := range []string{"1F1B", "ZBVZeroBubble"} {
+		t.Run(sched, func(t *testing.T) {
+			trs, all := pipelineTrainers(t, 2, append(base, "parallelism.pipeline_parallel_degree=2", "parallelism.pipeline_parallel_schedule="+sched)...)
+			got := make([][]float64, 2)
+			all(func(tr *Trainer) error {
+				for range 3 {
+					l, _, _, err := tr.TrainStep()
+					if err != nil {
+						return err
+					}
+					got[tr.dist.Rank] = append(got[tr.dist.Rank], l)
+				}
+				v, err := tr.Validate(2)
+				got[tr.dist.Rank] = append(got[tr.dist.Rank], v)
+				return err
+			})
+			for r := range got {
+				for i, x := range ref {
+					if y := got[r][i]; math.Abs(x-y) > 1e-5*math.Abs(x) {
+						t.Errorf("rank %d, value %d (3 training losses, then validation): %.9g, one process %.9g", r, i, y, x)
+					}
+				}
+			}
+			if trs[0].pp.bubble <= -1e-9 || trs[0].pp.bubble >= 1 {
+				t.Errorf("measured bubble %v outside [0, 1)", trs[0].pp.bubble)
+			}
+		})
+	}
+}
+
+// BenchmarkPipelineBubble measures each schedule's bubble on two
+// in-process pipeline ranks (8 microbatches of one sequence of 64 tokens
+// of tiny_bench) and reports it next to pipeline.Theoretical: the
+// "bubble" metric is 1 - (compute time summed over ranks)/(step time
+// summed over ranks), averaged over the steps run; "simulated" is the
+// schedule's simulated bubble (pipeline.Schedule.Simulate, no latency)
+// with each step's mean forward, backward and weight-gradient times, and
+// "theory" the unit-cost formula.
+func BenchmarkPipelineBubble(b *testing.B) {
+	job := testJob(&testing.T{}, b.TempDir(), 1)
+	for _, sched := range []string{"GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"} {
+		b.Run(sched, func(b *testing.B) {
+			sets := append(pipelineSets(job, 1000), "training.seq_len=64", "training.local_batch_size=8", "validation.enable=false",
+				"parallelism.pipeline_parallel_degree=2", "parallelism.pipeline_parallel_schedule="+sched)
+			trs, all := pipelineTrainers(b, 2, sets...)
+			all(func(tr *Trainer) error { _, _, _, err := tr.TrainStep(); return err }) // warm-up
+			var sum, sim float64
+			b.ResetTimer()
+			for range b.N {
+				all(func(tr *Trainer) error { _, _, _, err := tr.TrainStep(); return err })
+				sum += trs[0].pp.bubble
+				sim += trs[0].pp.simulated
+			}
+			s := trs[0].pp.sched
+			th, _, _ := pipeline.Theoretical(s.Name, s.PP, s.Virtual, s.Microbatches)
+			b.ReportMetric(sum/float64(b.N), "bubble")
+			b.ReportMetric(sim/float64(b.N), "simulated")
+			b.ReportMetric(th, "theory")
+		})
+	}
+}
