@@ -104,8 +104,9 @@ func TestPipelineParallelRefusesBadLayouts(t *testing.T) {
 
 // TestPipelineCheckpointResumes: a full checkpoint written under PP2
 // Interleaved1F1B (whole tensors, gathered on rank 0) resumes under PP2
-// ZBV, with other stage boundaries, and under one process, and both
-// continue like the uninterrupted run.
+// ZBV, with other stage boundaries, under PP2×FSDP2 1F1B, each rank
+// loading its chunk of its stage, and under one process, and all continue
+// like the uninterrupted run.
 func TestPipelineCheckpointResumes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process training runs")
@@ -129,6 +130,7 @@ func TestPipelineCheckpointResumes(t *testing.T) {
 		args []string
 	}{
 		{"PP2 ZBV", pp("ZBVZeroBubble")},
+		{"PP2xFSDP2 1F1B", append(pp("1F1B"), "--nproc", "4", "--set", "parallelism.data_parallel_shard_degree=2", "--set", "training.local_batch_size=2")},
 		{"one process", []string{"--set", "training.local_batch_size=4", "--set", "lr_scheduler.total_steps=6"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

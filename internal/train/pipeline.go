@@ -48,7 +48,11 @@ func virtualStages(job *config.Job, cfg llama.Config, schedule string) (int, err
 }
 
 // planPipeline checks the recipe's pipeline-parallel settings against the
-// model and builds the plan.
+// model and builds the plan: pp × v stages of equally many layers, the
+// first with the embedding and the last with the head, and microbatches
+// of pipeline_parallel_microbatch_size sequences of the local batch.
+// pipeline_parallel_first_stage_less_layers and
+// pipeline_parallel_last_stage_less_layers are not applied.
 func planPipeline(job *config.Job, cfg llama.Config) (*ppPlan, error) {
 	p := job.Parallelism
 	pp := p.PipelineParallelDegree
@@ -81,7 +85,7 @@ func planPipeline(job *config.Job, cfg llama.Config) (*ppPlan, error) {
 }
 
 // checkPipeline refuses pipeline-parallel layouts the trainer cannot run.
-func checkPipeline(job *config.Job, _ int) error {
+func checkPipeline(job *config.Job) error {
 	p := job.Parallelism
 	if p.PipelineParallelDegree == 1 {
 		return nil
@@ -471,7 +475,21 @@ func (p *pipe) run(actions [][]pipeline.Action, inputs, labels []int32, scale fl
 	return lossSum, err
 }
 
-// trainStep is TrainStep under pipeline parallelism.
+// stateBytes is the memory of this rank's parameters and gradients: its
+// stages' whole buffers, which stay allocated between steps, and under
+// dp_shard its chunks of them too.
+func (p *pipe) stateBytes() int64 {
+	n := p.work.Len + p.workGrads.Len
+	if p.shard != nil {
+		n += p.params.Len + p.grads.Len
+	}
+	return int64(n) * 4
+}
+
+// ppTrainStep is TrainStep under pipeline parallelism: the rank's
+// parameters are gathered over dp_shard, every microbatch runs the
+// schedule's actions, and the gradients are reduce-scattered over dp_shard
+// and all-reduced over dp_replicate before the optimizer step.
 func (tr *Trainer) ppTrainStep() (loss, gradNorm, lr float64, err error) {
 	p := tr.pp
 	batch, err := tr.Data.Next()

@@ -233,7 +233,7 @@ func checkParallelism(job *config.Job, world int) (*mesh.Mesh, error) {
 	if _, err := fsdp.ParseReshard(p.FSDPReshardAfterForward); err != nil {
 		return nil, fmt.Errorf("parallelism: %w", err)
 	}
-	if err := checkPipeline(job, world); err != nil {
+	if err := checkPipeline(job); err != nil {
 		return nil, err
 	}
 	m, err := mesh.New(world, mesh.Degrees{PP: p.PipelineParallelDegree, DPReplicate: p.DataParallelReplicateDegree, DPShard: p.DataParallelShardDegree, CP: p.ContextParallelDegree, TP: p.TensorParallelDegree})
@@ -255,7 +255,7 @@ func (tr *Trainer) stateBytes() int64 {
 		return int64(tr.sh.params.Len+tr.sh.grads.Len)*4 + opt
 	}
 	if tr.pp != nil {
-		return int64(tr.pp.params.Len+tr.pp.grads.Len)*4 + opt
+		return tr.pp.stateBytes() + opt
 	}
 	if tr.fs != nil {
 		return tr.fs.StateBytes() + opt
