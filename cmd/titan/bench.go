@@ -16,8 +16,9 @@ import (
 
 func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "bench",
-		Short: "Benchmarks of titan's building blocks",
+		Use:     "bench",
+		Short:   "Benchmarks of titan's building blocks",
+		Example: "  titan bench comm --op allreduce --size 64MiB --nproc 2",
 	}
 	cmd.AddCommand(newBenchCommCmd())
 	return cmd
@@ -119,8 +120,9 @@ all_to_all).`,
 
 func newDebugCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "debug",
-		Short: "Post-mortem tools for distributed runs",
+		Use:     "debug",
+		Short:   "Post-mortem tools for distributed runs",
+		Example: "  titan debug flight outputs/llama3_debug/comm_traces",
 	}
 	var asJSON bool
 	flight := &cobra.Command{

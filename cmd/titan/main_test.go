@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/spf13/cobra"
 )
 
 // TestMain lets the test binary stand in for titan when a launcher under
@@ -194,5 +196,24 @@ func TestTamperedCheckpointIsRefused(t *testing.T) {
 	os.Truncate(p, 100)
 	if _, err := titan(t, tinyRun(dump, corpus(t), 4)...); err == nil || !strings.Contains(err.Error(), "truncated") {
 		t.Fatalf("resume from a truncated checkpoint: %v", err)
+	}
+}
+
+// TestEveryCommandHasExamples: help text with examples on every command.
+func TestEveryCommandHasExamples(t *testing.T) {
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if c.Name() != "help" && c.Name() != "completion" && !c.Hidden {
+			if c.Example == "" {
+				t.Errorf("titan %s has no examples", c.CommandPath())
+			}
+			for _, sub := range c.Commands() {
+				walk(sub)
+			}
+		}
+	}
+	root := newRootCmd()
+	for _, c := range root.Commands() {
+		walk(c)
 	}
 }

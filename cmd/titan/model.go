@@ -164,6 +164,9 @@ func newCheckpointCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "checkpoint",
 		Short: "Inspect, import and export checkpoints",
+		Example: `  titan checkpoint inspect outputs/llama3_debug/checkpoint --verify
+  titan checkpoint export --checkpoint outputs/llama3_debug/checkpoint --hf /tmp/hf
+  titan checkpoint import --hf /tmp/hf --output ckpt/imported`,
 	}
 	var verify bool
 	inspect := &cobra.Command{

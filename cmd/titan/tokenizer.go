@@ -17,6 +17,8 @@ func newTokenizerCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "tokenizer",
 		Short: "Train a BPE tokenizer or encode text",
+		Example: `  titan tokenizer train --vocab-size 2000 --output my.model corpus.txt
+  titan tokenizer encode --tokenizer my.model "hello world"`,
 	}
 	var vocab int
 	var output, format string

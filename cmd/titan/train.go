@@ -107,6 +107,8 @@ func newConfigCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "config",
 		Short: "Show or validate a resolved recipe",
+		Example: `  titan config show --recipe recipes/llama3_8b.toml
+  titan config validate --recipe recipes/llama3_405b.toml`,
 	}
 	var show, validate recipeFlags
 	showCmd := &cobra.Command{
