@@ -71,8 +71,8 @@ func TestPipelineParallelMatchesOneProcess(t *testing.T) {
 
 // TestPipelineParallelRefusesBadLayouts: layers that do not divide into
 // the stages, a multi-stage schedule with one stage per rank, and pipeline
-// with tensor parallelism (not implemented yet) are refused with a message
-// that says why.
+// with tensor parallelism under activation checkpointing (not implemented
+// yet) are refused with a message that says why.
 func TestPipelineParallelRefusesBadLayouts(t *testing.T) {
 	data := corpus(t)
 	for _, c := range []struct {
@@ -83,7 +83,7 @@ func TestPipelineParallelRefusesBadLayouts(t *testing.T) {
 		{"layers not divisible", []string{"parallelism.pipeline_parallel_schedule=Interleaved1F1B", "model.flavor=debug"}, "n_layers 6 is not divisible by 4 stages (pp 2 × 2 virtual)"},
 		{"layers per stage", []string{"parallelism.pipeline_parallel_layers_per_stage=3"}, "n_layers 4 is not divisible"},
 		{"virtual 1", []string{"parallelism.pipeline_parallel_schedule=Interleaved1F1B", "parallelism.pipeline_parallel_layers_per_stage=2"}, "needs virtual >= 2"},
-		{"with TP", []string{"parallelism.tensor_parallel_degree=2"}, "not implemented yet"},
+		{"with TP", []string{"parallelism.tensor_parallel_degree=2", "activation_checkpoint.mode=full"}, "not implemented yet"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			nproc := "2"
@@ -105,8 +105,9 @@ func TestPipelineParallelRefusesBadLayouts(t *testing.T) {
 // TestPipelineCheckpointResumes: a full checkpoint written under PP2
 // Interleaved1F1B (whole tensors, gathered on rank 0) resumes under PP2
 // ZBV, with other stage boundaries, under PP2×FSDP2 1F1B, each rank
-// loading its chunk of its stage, and under one process, and all continue
-// like the uninterrupted run.
+// loading its chunk of its stage, under PP2×CP2×TP2 1F1B, each rank
+// loading its tp shards of its stage, and under one process, and all
+// continue like the uninterrupted run.
 func TestPipelineCheckpointResumes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process training runs")
@@ -131,6 +132,7 @@ func TestPipelineCheckpointResumes(t *testing.T) {
 	}{
 		{"PP2 ZBV", pp("ZBVZeroBubble")},
 		{"PP2xFSDP2 1F1B", append(pp("1F1B"), "--nproc", "4", "--set", "parallelism.data_parallel_shard_degree=2", "--set", "training.local_batch_size=2")},
+		{"PP2xCP2xTP2 1F1B", append(pp("1F1B"), "--nproc", "8", "--set", "parallelism.context_parallel_degree=2", "--set", "parallelism.tensor_parallel_degree=2")},
 		{"one process", []string{"--set", "training.local_batch_size=4", "--set", "lr_scheduler.total_steps=6"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/titan-go/titan/internal/backend"
@@ -11,6 +12,7 @@ import (
 	"github.com/titan-go/titan/internal/comm"
 	"github.com/titan-go/titan/internal/config"
 	"github.com/titan-go/titan/internal/model/llama"
+	"github.com/titan-go/titan/internal/modelfile"
 	"github.com/titan-go/titan/internal/optim"
 	"github.com/titan-go/titan/internal/parallel/fsdp"
 	"github.com/titan-go/titan/internal/parallel/pipeline"
@@ -85,14 +87,12 @@ func planPipeline(job *config.Job, cfg llama.Config) (*ppPlan, error) {
 }
 
 // checkPipeline refuses pipeline-parallel layouts the trainer cannot run.
+// Pipeline parallel composes with data parallel (DDP, FSDP, HSDP) and with
+// tensor and context parallel, whose own limits checkSharded applies.
 func checkPipeline(job *config.Job) error {
 	p := job.Parallelism
 	if p.PipelineParallelDegree == 1 {
 		return nil
-	}
-	if p.TensorParallelDegree != 1 || p.ContextParallelDegree != 1 {
-		return fmt.Errorf("parallelism.pipeline_parallel_degree = %d with tensor or context parallelism (tp %d, cp %d): not implemented yet; pipeline parallelism composes with data parallelism only (set the others to 1)",
-			p.PipelineParallelDegree, p.TensorParallelDegree, p.ContextParallelDegree)
 	}
 	cfg, err := ModelConfig(job)
 	if err != nil {
@@ -108,9 +108,9 @@ type ppStage struct {
 	spec   llama.StageSpec
 	lo, hi int // elements of the full flat layout
 	off    int // offset in the rank's parameter buffer
-	pool   []*llama.Stage
-	live   map[int]*llama.Stage // by microbatch
-	all    []*llama.Stage       // every activation set created
+	pool   []stageModel
+	live   map[int]stageModel // by microbatch
+	all    []stageModel       // every activation set created
 }
 
 // msgKey names a transfer: the input (activation) or the output gradient
@@ -143,8 +143,12 @@ type pipe struct {
 	// chunk of the stages' buffer.
 	shard, replicate comm.Group
 	shardLo, shardHi int
-	stages           map[int]*ppStage
-	local            []int // this rank's stages, increasing
+	// tpcp is the tensor- and context-parallel part (nil without them):
+	// the stages are then llama.Sharded models and every buffer holds
+	// this rank's tp shards (Config.ShardLayout).
+	tpcp   *ppShard
+	stages map[int]*ppStage
+	local  []int // this rank's stages, increasing
 	// work and workGrads hold the whole parameters and gradients of this
 	// rank's stages, laid end to end, which the stages compute with;
 	// params and grads are what the optimizer updates and checkpoints
@@ -163,7 +167,12 @@ type pipe struct {
 	theory          float64
 }
 
-// newPipeline builds this rank's stages and creates the pipeline group.
+// newPipeline builds this rank's stages and creates the pipeline group,
+// then its data-parallel groups and, under tensor or context parallelism,
+// its tp and cp groups. Under tp and cp each stage is a llama.Sharded
+// restricted to the stage's layers: the hidden states sent between stages
+// are this rank's sequence-parallel rows of its cp chunks, exchanged with
+// the pipeline peers of equal (dp, cp, tp) coordinates.
 func (tr *Trainer) newPipeline(be backend.Backend) error {
 	plan, err := planPipeline(tr.Job, tr.Cfg)
 	if err != nil {
@@ -185,26 +194,44 @@ func (tr *Trainer) newPipeline(be backend.Backend) error {
 	p.dpN, p.dpRank = len(dp), slices.Index(dp, tr.dist.Rank)
 	// Every rank creates its pipeline group first, then its dp_shard
 	// group, then its dp_replicate group.
+	// Under context parallelism the cp ranks also hold different tokens:
+	// the parameters are sharded over dp_shard × cp (as torchtitan does),
+	// or, without dp_shard, the gradients summed over dp_replicate × cp.
+	shardDims, replDims := []string{"dp_shard"}, []string{"dp_replicate"}
+	if tr.mesh.CP > 1 {
+		if tr.mesh.DPShard > 1 {
+			shardDims = append(shardDims, "cp")
+		} else {
+			replDims = append(replDims, "cp")
+		}
+	}
 	for _, d := range []struct {
-		dim string
-		g   *comm.Group
-	}{{"dp_shard", &p.shard}, {"dp_replicate", &p.replicate}} {
-		ranks, err := tr.mesh.Group(tr.dist.Rank, d.dim)
+		dims []string
+		g    *comm.Group
+	}{{shardDims, &p.shard}, {replDims, &p.replicate}} {
+		ranks, err := tr.mesh.Group(tr.dist.Rank, d.dims...)
 		if err != nil {
 			return err
 		}
 		if len(ranks) == 1 {
 			continue
 		}
-		if *d.g, err = comm.NewGroup(commCtx, tr.dist.Group, ranks, d.dim); err != nil {
-			return fmt.Errorf("%s group %v: %w", d.dim, ranks, err)
+		name := strings.Join(d.dims, "_")
+		if *d.g, err = comm.NewGroup(commCtx, tr.dist.Group, ranks, name); err != nil {
+			return fmt.Errorf("%s group %v: %w", name, ranks, err)
 		}
 	}
 	p.hidden = plan.mbRows * tr.Job.Training.SeqLen * tr.Cfg.Dim
+	if tr.mesh.TP*tr.mesh.CP > 1 {
+		if p.tpcp, err = tr.newPPShard(); err != nil {
+			return err
+		}
+		p.hidden /= tr.mesh.TP * tr.mesh.CP
+	}
 	n := 0
 	for _, s := range plan.sched.Stages(p.rank) {
-		lo, hi := plan.specs[s].Range(tr.Cfg)
-		p.stages[s] = &ppStage{spec: plan.specs[s], lo: lo, hi: hi, off: n, live: map[int]*llama.Stage{}}
+		lo, hi := p.rangeOf(s)
+		p.stages[s] = &ppStage{spec: plan.specs[s], lo: lo, hi: hi, off: n, live: map[int]stageModel{}}
 		p.local = append(p.local, s)
 		n += hi - lo
 	}
@@ -249,9 +276,28 @@ func (tr *Trainer) newPipeline(be backend.Backend) error {
 	return nil
 }
 
+// rangeOf is the part of the full flat layout (of the rank's tp shard
+// layout under tensor parallelism) that stage s's parameters occupy.
+func (p *pipe) rangeOf(s int) (lo, hi int) {
+	if p.tpcp != nil {
+		return p.specs[s].ShardRange(p.tr.Cfg, p.tpcp.tp)
+	}
+	return p.specs[s].Range(p.tr.Cfg)
+}
+
 // init fills this rank's parameters as a whole-model initialisation would.
 func (p *pipe) init(seed uint64) {
 	host := make([]float32, p.work.Len)
+	if p.tpcp != nil {
+		full := make([]float32, p.tr.Cfg.NumParams())
+		llama.InitParams(p.tr.Cfg, seed, full, 0)
+		shard := llama.ShardFlat(p.tr.Cfg, p.tpcp.tp, p.tpcp.tpRank, full)
+		for _, st := range p.stages {
+			copy(host[st.off:st.off+st.hi-st.lo], shard[st.lo:st.hi])
+		}
+		p.be.Upload(p.params, host[p.shardLo:p.shardHi])
+		return
+	}
 	for _, st := range p.stages {
 		llama.InitParams(p.tr.Cfg, seed, host[st.off:st.off+st.hi-st.lo], st.lo)
 	}
@@ -259,19 +305,28 @@ func (p *pipe) init(seed uint64) {
 }
 
 // acquire returns an activation set of stage s for microbatch mb.
-func (p *pipe) acquire(s, mb int) (*llama.Stage, error) {
+func (p *pipe) acquire(s, mb int) (stageModel, error) {
 	st := p.stages[s]
-	var x *llama.Stage
+	var x stageModel
 	if k := len(st.pool); k > 0 {
 		x, st.pool = st.pool[k-1], st.pool[:k-1]
 	} else {
-		var err error
-		x, err = llama.NewStage(p.be, p.tr.Cfg, st.spec, p.mbRows, p.tr.Job.Training.SeqLen, llama.Options{Checkpoint: p.tr.acPolicy()})
-		if err != nil {
-			return nil, fmt.Errorf("pipeline stage %d: %w", s, err)
-		}
 		n := st.hi - st.lo
-		x.Bind(p.work.Slice(st.off, n), p.workGrads.Slice(st.off, n))
+		if p.tpcp != nil {
+			m, err := p.tpcp.newStage(p, st.spec)
+			if err != nil {
+				return nil, fmt.Errorf("pipeline stage %d: %w", s, err)
+			}
+			m.Bind(p.work.Slice(st.off, n), p.workGrads.Slice(st.off, n))
+			x = shardedStage{m}
+		} else {
+			y, err := llama.NewStage(p.be, p.tr.Cfg, st.spec, p.mbRows, p.tr.Job.Training.SeqLen, llama.Options{Checkpoint: p.tr.acPolicy()})
+			if err != nil {
+				return nil, fmt.Errorf("pipeline stage %d: %w", s, err)
+			}
+			y.Bind(p.work.Slice(st.off, n), p.workGrads.Slice(st.off, n))
+			x = y
+		}
 		st.all = append(st.all, x)
 	}
 	st.live[mb] = x
@@ -383,6 +438,9 @@ func (p *pipe) run(actions [][]pipeline.Action, inputs, labels []int32, scale fl
 		p.post(peer)
 	}
 	n := p.mbRows * p.tr.Job.Training.SeqLen
+	if p.tpcp != nil {
+		n /= p.tpcp.cp
+	}
 	S := len(p.specs)
 	var lossSum float64
 	start := time.Now()
@@ -415,7 +473,9 @@ func (p *pipe) run(actions [][]pipeline.Action, inputs, labels []int32, scale fl
 				return 0, err
 			}
 			if s == S-1 {
-				lossSum += sum
+				if p.tpcp == nil || p.tpcp.tpRank == 0 { // the tp ranks compute the same loss
+					lossSum += sum
+				}
 			} else {
 				out := make([]float32, p.hidden)
 				p.be.Download(out, x.Output())
@@ -518,6 +578,10 @@ func (tr *Trainer) ppTrainStep() (loss, gradNorm, lr float64, err error) {
 	p.busy, p.wall = 0, 0
 	p.kindTime, p.kindCount = [4]time.Duration{}, [4]int{}
 	n := tr.Job.Training.LocalBatchSize * tr.Job.Training.SeqLen
+	if p.tpcp != nil {
+		mine.Inputs, mine.Labels = p.tpcp.rows(mine.Inputs, tr.Job.Training.SeqLen), p.tpcp.rows(mine.Labels, tr.Job.Training.SeqLen)
+		n /= p.tpcp.cp
+	}
 	var lossSum float64
 	for a := 0; a < tr.accum; a++ {
 		l, err := p.run(p.sched.Actions, mine.Inputs[a*n:(a+1)*n], mine.Labels[a*n:(a+1)*n], 1/float32(targets), true)
@@ -525,6 +589,11 @@ func (tr *Trainer) ppTrainStep() (loss, gradNorm, lr float64, err error) {
 			return 0, 0, 0, err
 		}
 		lossSum += l
+	}
+	if p.tpcp != nil {
+		if err := p.tpcp.reduceReplicated(p); err != nil {
+			return 0, 0, 0, err
+		}
 	}
 	if p.shard != nil {
 		if err := p.shard.ReduceScatter(commCtx, comm.F32(hostF32(p.workGrads)), comm.F32(hostF32(p.grads)), comm.Sum); err != nil {
@@ -540,7 +609,13 @@ func (tr *Trainer) ppTrainStep() (loss, gradNorm, lr float64, err error) {
 	}
 	// Over every rank: the replicas hold the same gradient shards, so
 	// each contributes its share of their sum of squares.
-	v := []float64{p.be.SumSquares(p.grads) / float64(nRep), lossSum, p.busy.Seconds(), p.wall.Seconds()}
+	sq := 0.0
+	if p.tpcp != nil {
+		sq = p.tpcp.gradSumSquares(p)
+	} else {
+		sq = p.be.SumSquares(p.grads)
+	}
+	v := []float64{sq / float64(nRep), lossSum, p.busy.Seconds(), p.wall.Seconds()}
 	for k := range p.kindTime {
 		v = append(v, p.kindTime[k].Seconds(), float64(p.kindCount[k]))
 	}
@@ -588,18 +663,24 @@ func (tr *Trainer) ppValidate(steps int) (float64, error) {
 		if err != nil {
 			return 0, err
 		}
-		l, err := p.run(actions, mine.Inputs, mine.Labels, 1, false)
-		if err != nil {
-			return 0, err
-		}
-		acc[0] += l
 		for _, t := range mine.Labels {
 			if t >= 0 {
 				acc[1]++
 			}
 		}
+		if p.tpcp != nil {
+			T := tr.Job.Training.SeqLen
+			mine.Inputs, mine.Labels = p.tpcp.rows(mine.Inputs, T), p.tpcp.rows(mine.Labels, T)
+		}
+		l, err := p.run(actions, mine.Inputs, mine.Labels, 1, false)
+		if err != nil {
+			return 0, err
+		}
+		acc[0] += l
 	}
-	acc[1] /= float64(p.sched.PP) // every rank of a pipeline counted the targets
+	// Every rank of a pipeline (and of its tp and cp groups) counted the
+	// targets.
+	acc[1] /= float64(p.sched.PP * tr.mesh.TP * tr.mesh.CP)
 	if err := p.tr.dist.Group.AllReduce(commCtx, comm.F64(acc), comm.Sum); err != nil {
 		return 0, err
 	}
@@ -615,11 +696,15 @@ func (p *pipe) gather(t backend.Tensor) ([]float32, error) {
 	if p.rank != 0 {
 		return nil, p.group.Send(commCtx, comm.F32(local), 0)
 	}
-	full := make([]float32, p.tr.Cfg.NumParams())
+	size := p.tr.Cfg.NumParams()
+	if p.tpcp != nil {
+		size = int64(p.tpcp.shardTotal(p.tr.Cfg))
+	}
+	full := make([]float32, size)
 	place := func(r int, buf []float32) {
 		off := 0
 		for _, s := range p.sched.Stages(r) {
-			lo, hi := p.specs[s].Range(p.tr.Cfg)
+			lo, hi := p.rangeOf(s)
 			copy(full[lo:hi], buf[off:off+hi-lo])
 			off += hi - lo
 		}
@@ -628,7 +713,7 @@ func (p *pipe) gather(t backend.Tensor) ([]float32, error) {
 	for r := 1; r < p.sched.PP; r++ {
 		n := 0
 		for _, s := range p.sched.Stages(r) {
-			lo, hi := p.specs[s].Range(p.tr.Cfg)
+			lo, hi := p.rangeOf(s)
 			n += hi - lo
 		}
 		buf := make([]float32, n)
@@ -636,6 +721,9 @@ func (p *pipe) gather(t backend.Tensor) ([]float32, error) {
 			return nil, fmt.Errorf("pipeline: gathering from rank %d: %w", r, err)
 		}
 		place(r, buf)
+	}
+	if p.tpcp != nil {
+		return p.tpcp.unshard(p.tr.Cfg, full)
 	}
 	return full, nil
 }
@@ -670,6 +758,18 @@ func (p *pipe) gatherAll(t backend.Tensor) ([]float32, error) {
 // dst, laid out like params (its dp_shard chunk under FSDP).
 func (p *pipe) load(r *checkpoint.Reader, prefix string, dst backend.Tensor) error {
 	host := make([]float32, p.work.Len)
+	if p.tpcp != nil {
+		full := make([]float32, p.tr.Cfg.NumParams())
+		if err := modelfile.ReadPrefixed(r, prefix, p.tr.Cfg, full); err != nil {
+			return err
+		}
+		shard := llama.ShardFlat(p.tr.Cfg, p.tpcp.tp, p.tpcp.tpRank, full)
+		for _, st := range p.stages {
+			copy(host[st.off:st.off+st.hi-st.lo], shard[st.lo:st.hi])
+		}
+		p.be.Upload(dst, host[p.shardLo:p.shardHi])
+		return nil
+	}
 	for _, st := range p.stages {
 		if err := fsdp.ReadRange(r, prefix, p.tr.Cfg, st.lo, host[st.off:st.off+st.hi-st.lo]); err != nil {
 			return err

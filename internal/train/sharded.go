@@ -55,9 +55,6 @@ func checkSharded(job *config.Job, m *mesh.Mesh) error {
 	if p.TensorParallelDegree == 1 && p.ContextParallelDegree == 1 {
 		return nil
 	}
-	if m.PP > 1 {
-		return fmt.Errorf("parallelism: pipeline_parallel_degree %d with tensor_parallel_degree %d and context_parallel_degree %d: not implemented yet (pipeline parallel composes with data parallel only)", m.PP, m.TP, m.CP)
-	}
 	if p.EnableAsyncTensorParallel {
 		return errors.New("parallelism.enable_async_tensor_parallel: not implemented yet (set it to false)")
 	}

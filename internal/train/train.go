@@ -143,16 +143,17 @@ func New(job *config.Job, out io.Writer, dist *Dist) (*Trainer, error) {
 	be := cpu.New(threads)
 	tr.be = be
 	var nOpt int
-	if tr.mesh.TP*tr.mesh.CP > 1 {
-		if err := tr.newSharded(be); err != nil {
-			return nil, err
-		}
-		nOpt = tr.sh.params.Len
-	} else if tr.mesh.PP > 1 {
+	if tr.mesh.PP > 1 {
+		// Pipeline stages, sharded under tp and cp when they are > 1.
 		if err := tr.newPipeline(be); err != nil {
 			return nil, err
 		}
 		nOpt = tr.pp.params.Len
+	} else if tr.mesh.TP*tr.mesh.CP > 1 {
+		if err := tr.newSharded(be); err != nil {
+			return nil, err
+		}
+		nOpt = tr.sh.params.Len
 	} else if tr.Model, err = llama.New(be, cfg, B, T, llama.Options{External: tr.dist.World > 1, Checkpoint: tr.acPolicy()}); err != nil {
 		return nil, err
 	} else {

@@ -243,7 +243,12 @@ type Sharded struct {
 	tOut, tLse       backend.Tensor
 	hN, hn           []float32
 	numTargets       int
+	lossSum          float64
 	haveTargets      bool
+	// stage is the pipeline stage this model computes (nil: the whole
+	// model); Cfg then has the stage's layers and full the whole model's.
+	stage    *StageSpec
+	wholeCfg Config
 }
 
 // ShardPlan places a Sharded model in its tensor- and context-parallel
@@ -255,6 +260,10 @@ type ShardPlan struct {
 	// have logits at once (the output projection is then recomputed in
 	// the backward); 0 keeps them under about 64 MiB.
 	LogitChunk int
+	// Stage, when set, restricts the model to one pipeline stage: its
+	// layers, with the embedding and the head only if the stage has them.
+	// Params and Grads are then not allocated: call Bind.
+	Stage *StageSpec
 }
 
 // NewSharded plans and allocates the part of a model for batches of B
@@ -272,12 +281,23 @@ func NewSharded(be backend.Backend, cfg Config, B, T int, plan ShardPlan, c Para
 	if err := CheckParallel(cfg, T, tp, cp); err != nil {
 		return nil, err
 	}
-	m := &Sharded{Cfg: cfg, B: B, T: T, TP: tp, TPRank: tpRank, CP: cp, CPRank: cpRank, be: be, c: c}
-	m.Layout = cfg.ShardLayout(tp)
-	last := m.Layout[len(m.Layout)-1]
-	size := last.LocalOffset + last.LocalSize
-	m.Params, m.Grads = be.Alloc(backend.Float32, size), be.Alloc(backend.Float32, size)
-	m.P, m.G = viewShards(cfg, m.Layout, m.Params), viewShards(cfg, m.Layout, m.Grads)
+	m := &Sharded{Cfg: cfg, B: B, T: T, TP: tp, TPRank: tpRank, CP: cp, CPRank: cpRank, be: be, c: c, wholeCfg: cfg}
+	if s := plan.Stage; s != nil {
+		if s.FirstLayer < 0 || s.NumLayers < 0 || s.FirstLayer+s.NumLayers > cfg.NLayers {
+			return nil, fmt.Errorf("llama: stage layers [%d, %d) outside the model's %d layers", s.FirstLayer, s.FirstLayer+s.NumLayers, cfg.NLayers)
+		}
+		spec := *s
+		m.stage = &spec
+		m.Cfg.NLayers = s.NumLayers
+		cfg = m.Cfg
+		m.Layout = spec.ShardLayout(m.wholeCfg, tp)
+	} else {
+		m.Layout = cfg.ShardLayout(tp)
+		last := m.Layout[len(m.Layout)-1]
+		size := last.LocalOffset + last.LocalSize
+		m.Params, m.Grads = be.Alloc(backend.Float32, size), be.Alloc(backend.Float32, size)
+		m.P, m.G = viewShards(cfg, m.Layout, m.Params), viewShards(cfg, m.Layout, m.Grads)
+	}
 	D := cfg.Dim
 	m.hd = cfg.HeadDim()
 	m.nh, m.nkv = cfg.NHeads/tp, cfg.KVHeads()/tp
@@ -307,6 +327,9 @@ func NewSharded(be backend.Backend, cfg Config, B, T int, plan ShardPlan, c Para
 		m.lchunk = max(1, (16<<20)/N)
 	}
 	m.lchunk = min(m.lchunk, m.nv)
+	if m.stage != nil && !m.stage.Head {
+		m.lchunk = 1 // no logits: keep their buffer small
+	}
 	m.logits, m.stats, m.losses = a(N*m.lchunk), a(N*3), a(N)
 	m.full, m.seq, m.seq2 = a(N*D), a(n*D), a(n*D)
 	m.dq, m.dk, m.dv = a(N*m.nq), a(N*m.nkvd), a(N*m.nkvd)
@@ -597,13 +620,15 @@ func (m *Sharded) Forward(tokens, targets []int32) (float32, error) {
 		}
 	}
 	be.Upload(m.ids, ids)
-	// Vocabulary-parallel embedding: each rank looks up its rows; the sum
-	// over tp ranks is reduce-scattered along the sequence.
-	be.EmbeddingForward(m.full, m.P.Embedding, m.ids, N, D)
-	be.Download(m.hN, m.full)
-	m.maskForeign(m.hN)
-	if err := m.scatter(m.resid[0], m.full, true); err != nil {
-		return 0, err
+	if m.stage == nil || m.stage.Embedding {
+		// Vocabulary-parallel embedding: each rank looks up its rows; the
+		// sum over tp ranks is reduce-scattered along the sequence.
+		be.EmbeddingForward(m.full, m.P.Embedding, m.ids, N, D)
+		be.Download(m.hN, m.full)
+		m.maskForeign(m.hN)
+		if err := m.scatter(m.resid[0], m.full, true); err != nil {
+			return 0, err
+		}
 	}
 	for l := range m.layers {
 		a, p := &m.layers[l], &m.P.Layers[l]
@@ -636,6 +661,11 @@ func (m *Sharded) Forward(tokens, targets []int32) (float32, error) {
 			return 0, err
 		}
 		be.Add(m.resid[l+1], a.mid, m.seq)
+	}
+	m.lossSum = 0
+	if m.stage != nil && !m.stage.Head {
+		m.haveTargets = false
+		return 0, nil
 	}
 	be.RMSNormForward(m.final, m.rstd, m.resid[cfg.NLayers], m.P.Norm, n, D, eps)
 	if err := m.gather(m.xfin, m.final); err != nil {
@@ -675,6 +705,7 @@ func (m *Sharded) Forward(tokens, targets []int32) (float32, error) {
 	for _, l := range host {
 		sum += float64(l)
 	}
+	m.lossSum = sum
 	if m.numTargets == 0 {
 		return 0, nil
 	}
@@ -748,29 +779,32 @@ func (m *Sharded) combineStats(targets []int32) error {
 // replicated norm gradients are partial sums over this rank's sequence
 // rows: call ReduceReplicated once the step's backward passes are done.
 func (m *Sharded) Backward(lossScale float32) error {
-	if !m.haveTargets {
+	head := m.stage == nil || m.stage.Head
+	if head && !m.haveTargets {
 		return fmt.Errorf("llama: backward needs a forward pass with targets")
 	}
 	m.haveTargets = false
 	cfg, be := m.Cfg, m.be
 	N, n, D := m.N, m.n, cfg.Dim
-	be.Zero(m.full)
-	for off := 0; off < m.nv; off += m.lchunk {
-		nc := min(m.lchunk, m.nv-off)
-		logits := m.logits.Slice(0, N*nc)
-		w, dw := m.P.Output.Slice(off*D, nc*D), m.G.Output.Slice(off*D, nc*D)
-		if m.lchunk != m.nv {
-			linear(be, logits, m.xfin, w, N, D, nc, false)
+	dres := m.seq2 // without the head: filled by the caller (StageGrad)
+	if head {
+		be.Zero(m.full)
+		for off := 0; off < m.nv; off += m.lchunk {
+			nc := min(m.lchunk, m.nv-off)
+			logits := m.logits.Slice(0, N*nc)
+			w, dw := m.P.Output.Slice(off*D, nc*D), m.G.Output.Slice(off*D, nc*D)
+			if m.lchunk != m.nv {
+				linear(be, logits, m.xfin, w, N, D, nc, false)
+			}
+			be.CrossEntropyChunkBackward(logits, m.stats, m.targets, N, nc, m.v0+off, lossScale)
+			linearBackward(be, m.full, dw, logits, m.xfin, w, N, D, nc, false)
 		}
-		be.CrossEntropyChunkBackward(logits, m.stats, m.targets, N, nc, m.v0+off, lossScale)
-		linearBackward(be, m.full, dw, logits, m.xfin, w, N, D, nc, false)
+		if err := m.scatter(m.seq, m.full, false); err != nil {
+			return err
+		}
+		be.Zero(dres)
+		be.RMSNormBackward(dres, m.G.Norm, m.seq, m.resid[cfg.NLayers], m.P.Norm, m.rstd, n, D)
 	}
-	if err := m.scatter(m.seq, m.full, false); err != nil {
-		return err
-	}
-	dres := m.seq2
-	be.Zero(dres)
-	be.RMSNormBackward(dres, m.G.Norm, m.seq, m.resid[cfg.NLayers], m.P.Norm, m.rstd, n, D)
 	for l := cfg.NLayers - 1; l >= 0; l-- {
 		a, p, g := &m.layers[l], &m.P.Layers[l], &m.G.Layers[l]
 		if err := m.gather(m.full, dres); err != nil {
@@ -806,6 +840,9 @@ func (m *Sharded) Backward(lossScale float32) error {
 		}
 		be.RMSNormBackward(dres, g.AttnNorm, m.seq, m.resid[l], p.AttnNorm, a.attnRstd, n, D)
 	}
+	if m.stage != nil && !m.stage.Embedding {
+		return nil
+	}
 	if err := m.gather(m.full, dres); err != nil {
 		return err
 	}
@@ -832,6 +869,9 @@ func (m *Sharded) ReduceReplicated() error {
 		return nil
 	}
 	for _, t := range m.replicated() {
+		if t.Len == 0 {
+			continue // a pipeline stage without the head has no final norm
+		}
 		h := make([]float32, t.Len)
 		m.be.Download(h, t)
 		if err := m.c.AllReduceTP(h, false); err != nil {
@@ -855,3 +895,88 @@ func (m *Sharded) GradSumSquares() float64 {
 	}
 	return s
 }
+
+// ShardLayout returns the parameters of the stage's part of a tp rank's
+// flat buffer (Config.ShardLayout of full, restricted to the stage, which
+// is a contiguous range of it), their LocalOffset relative to the
+// stage's first element.
+func (s StageSpec) ShardLayout(full Config, tp int) []ShardParam {
+	lay := full.ShardLayout(tp)
+	first, last := 1+9*s.FirstLayer, 1+9*(s.FirstLayer+s.NumLayers)
+	if s.Embedding {
+		first = 0
+	}
+	if s.Head {
+		last = len(lay)
+	}
+	out := append([]ShardParam(nil), lay[first:last]...)
+	for i := range out {
+		out[i].LocalOffset -= lay[first].LocalOffset
+	}
+	return out
+}
+
+// ShardRange returns the elements [lo, hi) of a tp rank's flat buffer
+// (Config.ShardLayout of full) that the stage's parameters occupy. With
+// tp = 1 it is Range.
+func (s StageSpec) ShardRange(full Config, tp int) (lo, hi int) {
+	lay := full.ShardLayout(tp)
+	first, last := 1+9*s.FirstLayer, 1+9*(s.FirstLayer+s.NumLayers)
+	if s.Embedding {
+		first = 0
+	}
+	if s.Head {
+		last = len(lay)
+	}
+	return lay[first].LocalOffset, lay[last-1].LocalOffset + lay[last-1].LocalSize
+}
+
+// Bind lays a pipeline stage's parameter and gradient views over params
+// and grads, both holding the stage's ShardRange of the rank's flat
+// buffer. Several models of the same stage (one per microbatch in
+// flight) may share them.
+func (m *Sharded) Bind(params, grads backend.Tensor) {
+	m.Params, m.Grads = params, grads
+	m.P, m.G = m.viewStage(params), m.viewStage(grads)
+}
+
+func (m *Sharded) viewStage(flat backend.Tensor) Params {
+	lay, s := m.Layout, m.stage
+	t := func(i int) backend.Tensor { return flat.Slice(lay[i].LocalOffset, lay[i].LocalSize) }
+	p := Params{Layers: make([]LayerParams, s.NumLayers)}
+	i := 0
+	if s.Embedding {
+		p.Embedding = t(0)
+		i = 1
+	}
+	for l := range p.Layers {
+		p.Layers[l] = LayerParams{
+			AttnNorm: t(i), Wq: t(i + 1), Wk: t(i + 2), Wv: t(i + 3), Wo: t(i + 4),
+			FFNNorm: t(i + 5), W1: t(i + 6), W2: t(i + 7), W3: t(i + 8),
+		}
+		i += 9
+	}
+	if s.Head {
+		p.Norm, p.Output = t(i), t(i+1)
+	}
+	return p
+}
+
+// LossSum is the sum of the per-token losses of the last Forward with
+// targets (on a model with the head).
+func (m *Sharded) LossSum() float64 { return m.lossSum }
+
+// StageInput is the buffer [n, Dim] of this rank's sequence-parallel rows
+// that a pipeline stage without the embedding reads its input hidden
+// states from; the caller fills it before Forward.
+func (m *Sharded) StageInput() backend.Tensor { return m.resid[0] }
+
+// StageOutput is a stage's output hidden states (this rank's rows) after
+// Forward, for a stage without the head.
+func (m *Sharded) StageOutput() backend.Tensor { return m.resid[m.Cfg.NLayers] }
+
+// StageGrad is the buffer [n, Dim] of a stage without the head that the
+// caller fills with the gradient with respect to StageOutput before
+// Backward; after Backward it holds the gradient with respect to
+// StageInput (for a stage without the embedding).
+func (m *Sharded) StageGrad() backend.Tensor { return m.seq2 }
