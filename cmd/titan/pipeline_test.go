@@ -70,9 +70,8 @@ func TestPipelineParallelMatchesOneProcess(t *testing.T) {
 }
 
 // TestPipelineParallelRefusesBadLayouts: layers that do not divide into
-// the stages, a multi-stage schedule with one stage per rank, and pipeline
-// with tensor parallelism under activation checkpointing (not implemented
-// yet) are refused with a message that says why.
+// the stages and a multi-stage schedule with one stage per rank are
+// refused with a message that says why.
 func TestPipelineParallelRefusesBadLayouts(t *testing.T) {
 	data := corpus(t)
 	for _, c := range []struct {
@@ -83,14 +82,9 @@ func TestPipelineParallelRefusesBadLayouts(t *testing.T) {
 		{"layers not divisible", []string{"parallelism.pipeline_parallel_schedule=Interleaved1F1B", "model.flavor=debug"}, "n_layers 6 is not divisible by 4 stages (pp 2 × 2 virtual)"},
 		{"layers per stage", []string{"parallelism.pipeline_parallel_layers_per_stage=3"}, "n_layers 4 is not divisible"},
 		{"virtual 1", []string{"parallelism.pipeline_parallel_schedule=Interleaved1F1B", "parallelism.pipeline_parallel_layers_per_stage=2"}, "needs virtual >= 2"},
-		{"with TP", []string{"parallelism.tensor_parallel_degree=2", "activation_checkpoint.mode=full"}, "not implemented yet"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			nproc := "2"
-			if c.name == "with TP" {
-				nproc = "4"
-			}
-			args := append(tinyRun(t.TempDir(), data, 2), "--nproc", nproc, "--set", "parallelism.pipeline_parallel_degree=2")
+			args := append(tinyRun(t.TempDir(), data, 2), "--nproc", "2", "--set", "parallelism.pipeline_parallel_degree=2")
 			for _, s := range c.set {
 				args = append(args, "--set", s)
 			}
@@ -105,8 +99,9 @@ func TestPipelineParallelRefusesBadLayouts(t *testing.T) {
 // TestPipelineCheckpointResumes: a full checkpoint written under PP2
 // Interleaved1F1B (whole tensors, gathered on rank 0) resumes under PP2
 // ZBV, with other stage boundaries, under PP2×FSDP2 1F1B, each rank
-// loading its chunk of its stage, under PP2×CP2×TP2 1F1B, each rank
-// loading its tp shards of its stage, and under one process, and all
+// loading its chunk of its stage, under PP2×CP2×TP2 1F1B with selective
+// activation checkpointing of every second layer, each rank loading its
+// tp shards of its stage, and under one process, and all
 // continue like the uninterrupted run.
 func TestPipelineCheckpointResumes(t *testing.T) {
 	if testing.Short() {
@@ -132,7 +127,8 @@ func TestPipelineCheckpointResumes(t *testing.T) {
 	}{
 		{"PP2 ZBV", pp("ZBVZeroBubble")},
 		{"PP2xFSDP2 1F1B", append(pp("1F1B"), "--nproc", "4", "--set", "parallelism.data_parallel_shard_degree=2", "--set", "training.local_batch_size=2")},
-		{"PP2xCP2xTP2 1F1B", append(pp("1F1B"), "--nproc", "8", "--set", "parallelism.context_parallel_degree=2", "--set", "parallelism.tensor_parallel_degree=2")},
+		{"PP2xCP2xTP2 1F1B AC selective 2", append(pp("1F1B"), "--nproc", "8", "--set", "parallelism.context_parallel_degree=2", "--set", "parallelism.tensor_parallel_degree=2",
+			"--set", "activation_checkpoint.mode=selective", "--set", "activation_checkpoint.selective_ac_option=2")},
 		{"one process", []string{"--set", "training.local_batch_size=4", "--set", "lr_scheduler.total_steps=6"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -13,7 +13,9 @@ import (
 // head/tail chunks) and their compositions with each other and with FSDP
 // train like one process with the same global batch of 4 sequences of 32
 // tokens: the same losses within 1e-5 relative at every one of 10 steps
-// and the same parameters within 1e-5 (L2 relative) after them.
+// and the same parameters within 1e-5 (L2 relative) after them; so do
+// TP2×CP2 with full activation checkpointing and TP2 with selective
+// checkpointing of every second layer.
 func TestTensorContextParallelMatchesOneProcess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process training runs")
@@ -34,21 +36,25 @@ func TestTensorContextParallelMatchesOneProcess(t *testing.T) {
 		name                  string
 		nproc, batch          int
 		tp, cp, shard, replic int
+		extra                 []string
 	}{
-		{"TP2", 2, 4, 2, 1, 1, 1},
-		{"CP2", 2, 4, 1, 2, 1, 1},
-		{"TP2xCP2", 4, 4, 2, 2, 1, 1},
-		{"FSDP2xTP2", 4, 2, 2, 1, 2, 1},
-		{"CP2xFSDP2", 4, 2, 1, 2, 2, 1},
-		{"DDP2xTP2", 4, 2, 2, 1, 1, 2},
+		{"TP2", 2, 4, 2, 1, 1, 1, nil},
+		{"CP2", 2, 4, 1, 2, 1, 1, nil},
+		{"TP2xCP2", 4, 4, 2, 2, 1, 1, nil},
+		{"FSDP2xTP2", 4, 2, 2, 1, 2, 1, nil},
+		{"CP2xFSDP2", 4, 2, 1, 2, 2, 1, nil},
+		{"DDP2xTP2", 4, 2, 2, 1, 1, 2, nil},
+		{"TP2xCP2 AC full", 4, 4, 2, 2, 1, 1, []string{"--set", "activation_checkpoint.mode=full"}},
+		{"TP2 AC selective 2", 2, 4, 2, 1, 1, 1, []string{"--set", "activation_checkpoint.mode=selective", "--set", "activation_checkpoint.selective_ac_option=2"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dump := t.TempDir()
-			run(dump, "--nproc", itoa(c.nproc), "--set", "training.local_batch_size="+itoa(c.batch),
-				"--set", "parallelism.tensor_parallel_degree="+itoa(c.tp),
-				"--set", "parallelism.context_parallel_degree="+itoa(c.cp),
-				"--set", "parallelism.data_parallel_shard_degree="+itoa(c.shard),
-				"--set", "parallelism.data_parallel_replicate_degree="+itoa(c.replic))
+			args := []string{"--nproc", itoa(c.nproc), "--set", "training.local_batch_size=" + itoa(c.batch),
+				"--set", "parallelism.tensor_parallel_degree=" + itoa(c.tp),
+				"--set", "parallelism.context_parallel_degree=" + itoa(c.cp),
+				"--set", "parallelism.data_parallel_shard_degree=" + itoa(c.shard),
+				"--set", "parallelism.data_parallel_replicate_degree=" + itoa(c.replic)}
+			run(dump, append(args, c.extra...)...)
 			loss := metricsColumn(t, dump, "loss")
 			worst := 0.0
 			for step := 1; step <= steps; step++ {
@@ -83,8 +89,6 @@ func TestTensorContextParallelRefusals(t *testing.T) {
 			"parallelism.tensor_parallel_degree 3: n_heads 4 is not divisible by 3"},
 		{"sequence", []string{"--nproc", "3", "--set", "parallelism.context_parallel_degree=3"},
 			"parallelism.context_parallel_degree 3: training.seq_len 32 is not divisible by 2×3 = 6"},
-		{"checkpointing", []string{"--nproc", "2", "--set", "parallelism.tensor_parallel_degree=2", "--set", "activation_checkpoint.mode=full"},
-			"not implemented yet"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			out, err := titan(t, append(tinyRun(t.TempDir(), data, 1), c.args...)...)

@@ -80,7 +80,7 @@ func (tr *Trainer) newPPShard() (*ppShard, error) {
 // newStage creates one activation set of a stage (parameters unbound).
 func (q *ppShard) newStage(p *pipe, spec llama.StageSpec) (*llama.Sharded, error) {
 	return llama.NewSharded(p.be, p.tr.Cfg, p.mbRows, p.tr.Job.Training.SeqLen,
-		llama.ShardPlan{TP: q.tp, TPRank: q.tpRank, CP: q.cp, CPRank: q.cpRank, Stage: &spec}, q.c)
+		llama.ShardPlan{TP: q.tp, TPRank: q.tpRank, CP: q.cp, CPRank: q.cpRank, Stage: &spec, Checkpoint: p.tr.acPolicy()}, q.c)
 }
 
 // rows returns this rank's tokens of the rows x: the cp rank's head and

@@ -58,9 +58,6 @@ func checkSharded(job *config.Job, m *mesh.Mesh) error {
 	if p.EnableAsyncTensorParallel {
 		return errors.New("parallelism.enable_async_tensor_parallel: not implemented yet (set it to false)")
 	}
-	if ac := job.ActivationCheckpoint.Mode; ac != "" && ac != "none" {
-		return fmt.Errorf("activation_checkpoint.mode %q with tensor or context parallel: not implemented yet (set it to none)", ac)
-	}
 	cfg, err := ModelConfig(job)
 	if err != nil {
 		return err
@@ -101,7 +98,7 @@ func (tr *Trainer) newSharded(be backend.Backend) error {
 	s.dataRank, s.dataSize = c[1]*ms.DPShard+c[2], ms.DPReplicate*ms.DPShard
 	job := tr.Job
 	var err error
-	s.m, err = llama.NewSharded(be, tr.Cfg, job.Training.LocalBatchSize, job.Training.SeqLen, llama.ShardPlan{TP: ms.TP, TPRank: c[4], CP: ms.CP, CPRank: c[3]}, &tp.Comm{TP: s.tpG, CP: s.cpG, Ctx: commCtx})
+	s.m, err = llama.NewSharded(be, tr.Cfg, job.Training.LocalBatchSize, job.Training.SeqLen, llama.ShardPlan{TP: ms.TP, TPRank: c[4], CP: ms.CP, CPRank: c[3], Checkpoint: tr.acPolicy()}, &tp.Comm{TP: s.tpG, CP: s.cpG, Ctx: commCtx})
 	if err != nil {
 		return err
 	}

@@ -87,21 +87,20 @@ func (ac ActivationCheckpoint) String() string {
 	return ac.Mode
 }
 
-// actFields lists the views of a layerActs with their sizes and whether
-// they are cheap to recompute (selective "op" keeps only the others).
-func actFields(a *layerActs, cfg Config, B, T int) []struct {
+// actField is one view of a layer's activation set: where it goes, its
+// size in floats and whether it is cheap to recompute (selective "op"
+// keeps only the others).
+type actField struct {
 	t     *backend.Tensor
 	n     int
 	cheap bool
-} {
+}
+
+// actFields lists the views of a layerActs.
+func actFields(a *layerActs, cfg Config, B, T int) []actField {
 	BT, D, F := B*T, cfg.Dim, cfg.FFNHidden()
 	Q, KV := cfg.NHeads*cfg.HeadDim(), cfg.KVHeads()*cfg.HeadDim()
-	type f = struct {
-		t     *backend.Tensor
-		n     int
-		cheap bool
-	}
-	return []f{
+	return []actField{
 		{&a.attnNorm, BT * D, true}, {&a.attnRstd, BT, true},
 		{&a.q, BT * Q, false}, {&a.k, BT * KV, false}, {&a.v, BT * KV, false},
 		{&a.attn, BT * Q, false}, {&a.lse, B * cfg.NHeads * T, false},
@@ -115,31 +114,39 @@ func actFields(a *layerActs, cfg Config, B, T int) []struct {
 // everything owns all its views; recomputed views of every other layer
 // come from one shared scratch set, carved once.
 func (m *Model) planLayers(next func(n int) backend.Tensor) {
-	var shared layerActs
-	sharedDone := false
 	m.layers = make([]layerActs, m.Cfg.NLayers)
-	for l, p := range m.policy {
+	planActs(m.policy, m.layers, func(a *layerActs) []actField { return actFields(a, m.Cfg, m.B, m.T) }, next)
+}
+
+// planActs lays out the activation sets layers (one per layer, policy
+// giving each one's policy) with next, as Model.planLayers describes;
+// fields lists the views of one set.
+func planActs[A any](policy []layerPolicy, layers []A, fields func(*A) []actField, next func(n int) backend.Tensor) {
+	var shared A
+	sharedDone := false
+	full := hasPolicy(policy, recomputeLayer)
+	for l, p := range policy {
 		if p == keepAll {
 			continue
 		}
 		if !sharedDone {
 			// The scratch set holds whatever any policy recomputes.
-			for _, f := range actFields(&shared, m.Cfg, m.B, m.T) {
-				if m.hasPolicy(recomputeLayer) || f.cheap {
+			for _, f := range fields(&shared) {
+				if full || f.cheap {
 					*f.t = next(f.n)
 				}
 			}
 			sharedDone = true
 		}
-		own := actFields(&m.layers[l], m.Cfg, m.B, m.T)
-		for i, f := range actFields(&shared, m.Cfg, m.B, m.T) {
+		own := fields(&layers[l])
+		for i, f := range fields(&shared) {
 			if p == recomputeLayer || f.cheap {
 				*own[i].t = *f.t
 			}
 		}
 	}
-	for l, p := range m.policy {
-		for _, f := range actFields(&m.layers[l], m.Cfg, m.B, m.T) {
+	for l, p := range policy {
+		for _, f := range fields(&layers[l]) {
 			if p == keepAll || (p == recomputeOps && !f.cheap) {
 				*f.t = next(f.n)
 			}
@@ -147,8 +154,9 @@ func (m *Model) planLayers(next func(n int) backend.Tensor) {
 	}
 }
 
-func (m *Model) hasPolicy(p layerPolicy) bool {
-	for _, q := range m.policy {
+// hasPolicy reports whether some layer of policy has policy p.
+func hasPolicy(policy []layerPolicy, p layerPolicy) bool {
+	for _, q := range policy {
 		if q == p {
 			return true
 		}

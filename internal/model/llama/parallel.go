@@ -206,8 +206,9 @@ type shardActs struct {
 // parallelism (ring attention with causal load balancing: each cp rank
 // holds a head and a tail chunk of every sequence).
 //
-// It keeps every activation (no activation checkpointing) and computes
-// the logits of its whole vocabulary shard at once.
+// ShardPlan.Checkpoint selects the activations it recomputes in the
+// backward pass, as Options.Checkpoint does for Model, with the same
+// bitwise results as keeping them all.
 type Sharded struct {
 	Cfg Config
 	// B and T are the rows and the full sequence length of a batch; this
@@ -249,6 +250,11 @@ type Sharded struct {
 	// model); Cfg then has the stage's layers and full the whole model's.
 	stage    *StageSpec
 	wholeCfg Config
+	// Activation checkpointing, as in Model.
+	policy       []layerPolicy
+	layerFloats  int // size of the layer activations
+	scratchLayer int // layer whose activations the shared scratch set holds; -1: none
+	recomputed   int // layer recomputations so far (for tests)
 }
 
 // ShardPlan places a Sharded model in its tensor- and context-parallel
@@ -264,6 +270,10 @@ type ShardPlan struct {
 	// layers, with the embedding and the head only if the stage has them.
 	// Params and Grads are then not allocated: call Bind.
 	Stage *StageSpec
+	// Checkpoint selects the activations recomputed in the backward pass
+	// (see ActivationCheckpoint); a pipeline stage numbers its own layers
+	// from 0 for the selective "N" rule.
+	Checkpoint ActivationCheckpoint
 }
 
 // NewSharded plans and allocates the part of a model for batches of B
@@ -281,7 +291,7 @@ func NewSharded(be backend.Backend, cfg Config, B, T int, plan ShardPlan, c Para
 	if err := CheckParallel(cfg, T, tp, cp); err != nil {
 		return nil, err
 	}
-	m := &Sharded{Cfg: cfg, B: B, T: T, TP: tp, TPRank: tpRank, CP: cp, CPRank: cpRank, be: be, c: c, wholeCfg: cfg}
+	m := &Sharded{Cfg: cfg, B: B, T: T, TP: tp, TPRank: tpRank, CP: cp, CPRank: cpRank, be: be, c: c, wholeCfg: cfg, scratchLayer: -1}
 	if s := plan.Stage; s != nil {
 		if s.FirstLayer < 0 || s.NumLayers < 0 || s.FirstLayer+s.NumLayers > cfg.NLayers {
 			return nil, fmt.Errorf("llama: stage layers [%d, %d) outside the model's %d layers", s.FirstLayer, s.FirstLayer+s.NumLayers, cfg.NLayers)
@@ -308,19 +318,16 @@ func NewSharded(be backend.Backend, cfg Config, B, T int, plan ShardPlan, c Para
 	m.N = B * 2 * m.chunk
 	m.n = m.N / tp
 	N, n := m.N, m.n
+	var err error
+	if m.policy, err = plan.Checkpoint.policies(cfg.NLayers); err != nil {
+		return nil, err
+	}
 	a := func(k int) backend.Tensor { return be.Alloc(backend.Float32, k) }
 	m.resid = make([]backend.Tensor, cfg.NLayers+1)
 	for l := range m.resid {
 		m.resid[l] = a(n * D)
 	}
-	m.layers = make([]shardActs, cfg.NLayers)
-	for l := range m.layers {
-		m.layers[l] = shardActs{
-			attnNorm: a(N * D), attnRstd: a(n), q: a(N * m.nq), k: a(N * m.nkvd), v: a(N * m.nkvd),
-			attn: a(N * m.nq), lse: a(N * m.nh), mid: a(n * D), ffnNorm: a(N * D), ffnRstd: a(n),
-			h1: a(N * m.f), h3: a(N * m.f), hs: a(N * m.f),
-		}
-	}
+	m.layerFloats = m.planLayers()
 	m.final, m.rstd, m.xfin = a(n*D), a(n), a(N*D)
 	m.lchunk = plan.LogitChunk
 	if m.lchunk <= 0 {
@@ -390,10 +397,8 @@ func (m *Sharded) NumTargets() int { return m.numTargets }
 
 // ActivationBytes is the size of the activation memory.
 func (m *Sharded) ActivationBytes() int64 {
-	var n int
 	D := m.Cfg.Dim
-	per := 2*m.N*D + 2*m.n + 2*m.N*m.nq + 2*m.N*m.nkvd + m.N*m.nh + m.n*D + 3*m.N*m.f
-	n = per*m.Cfg.NLayers + (m.Cfg.NLayers+1)*m.n*D + 2*m.n*D + m.n + m.N*D + m.N*(m.lchunk+4)
+	n := m.layerFloats + (m.Cfg.NLayers+1)*m.n*D + 2*m.n*D + m.n + m.N*D + m.N*(m.lchunk+4)
 	return int64(n) * 4
 }
 
@@ -631,36 +636,16 @@ func (m *Sharded) Forward(tokens, targets []int32) (float32, error) {
 		}
 	}
 	for l := range m.layers {
-		a, p := &m.layers[l], &m.P.Layers[l]
-		be.RMSNormForward(m.seq, a.attnRstd, m.resid[l], p.AttnNorm, n, D, eps)
-		if err := m.gather(a.attnNorm, m.seq); err != nil {
+		shared := m.policy[l] != keepAll
+		if shared {
+			m.scratchLayer = -1
+		}
+		if err := m.layerForward(l, true); err != nil {
 			return 0, err
 		}
-		linear(be, a.q, a.attnNorm, p.Wq, N, D, m.nq, false)
-		linear(be, a.k, a.attnNorm, p.Wk, N, D, m.nkvd, false)
-		linear(be, a.v, a.attnNorm, p.Wv, N, D, m.nkvd, false)
-		m.rope(backend.Tensor{}, a.q, m.nh, false)
-		m.rope(backend.Tensor{}, a.k, m.nkv, false)
-		if err := m.attention(a); err != nil {
-			return 0, err
+		if shared {
+			m.scratchLayer = l
 		}
-		linear(be, m.full, a.attn, p.Wo, N, m.nq, D, false)
-		if err := m.scatter(m.seq, m.full, false); err != nil {
-			return 0, err
-		}
-		be.Add(a.mid, m.resid[l], m.seq)
-		be.RMSNormForward(m.seq, a.ffnRstd, a.mid, p.FFNNorm, n, D, eps)
-		if err := m.gather(a.ffnNorm, m.seq); err != nil {
-			return 0, err
-		}
-		linear(be, a.h1, a.ffnNorm, p.W1, N, D, m.f, false)
-		linear(be, a.h3, a.ffnNorm, p.W3, N, D, m.f, false)
-		be.SwiGLUForward(a.hs, a.h1, a.h3, N*m.f)
-		linear(be, m.full, a.hs, p.W2, N, m.f, D, false)
-		if err := m.scatter(m.seq, m.full, false); err != nil {
-			return 0, err
-		}
-		be.Add(m.resid[l+1], a.mid, m.seq)
 	}
 	m.lossSum = 0
 	if m.stage != nil && !m.stage.Head {
@@ -806,6 +791,9 @@ func (m *Sharded) Backward(lossScale float32) error {
 		be.RMSNormBackward(dres, m.G.Norm, m.seq, m.resid[cfg.NLayers], m.P.Norm, m.rstd, n, D)
 	}
 	for l := cfg.NLayers - 1; l >= 0; l-- {
+		if err := m.restore(l); err != nil {
+			return err
+		}
 		a, p, g := &m.layers[l], &m.P.Layers[l], &m.G.Layers[l]
 		if err := m.gather(m.full, dres); err != nil {
 			return err

@@ -1,6 +1,7 @@
 package llama
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"sync"
@@ -314,3 +315,119 @@ func TestCheckParallel(t *testing.T) {
 }
 
 func hasPrefix(s, p string) bool { return len(s) >= len(p) && s[:len(p)] == p }
+
+// shardedRun is the outcome, on every rank (cp-major), of two
+// microbatches of forward and backward of a Sharded model.
+type shardedRun struct {
+	losses     [][]float32 // [rank][microbatch]
+	grads      [][]float32 // [rank]
+	recomputed []int       // [rank]
+	actBytes   int64       // rank 0's ActivationBytes
+}
+
+// runShardedAC accumulates the gradients of two microbatches on every
+// rank of a tp × cp grid of Sharded models under ac, with fake comms.
+func runShardedAC(t *testing.T, cfg Config, B, T, tpd, cpd int, ac ActivationCheckpoint) shardedRun {
+	t.Helper()
+	tpGroups := make([]*fakeGroup, cpd)
+	cpGroups := make([]*fakeGroup, tpd)
+	for i := range tpGroups {
+		tpGroups[i] = newFakeGroup(tpd)
+	}
+	for i := range cpGroups {
+		cpGroups[i] = newFakeGroup(cpd)
+	}
+	ranks := tpd * cpd
+	run := shardedRun{losses: make([][]float32, ranks), grads: make([][]float32, ranks), recomputed: make([]int, ranks)}
+	errs := make([]error, ranks)
+	var wg sync.WaitGroup
+	for cr := 0; cr < cpd; cr++ {
+		for tr := 0; tr < tpd; tr++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := cr*tpd + tr
+				fc := &fakeComm{tp: tpGroups[cr], cp: cpGroups[tr], tpRank: tr, cpRank: cr}
+				m, err := NewSharded(cpu.New(1), cfg, B, T, ShardPlan{TP: tpd, TPRank: tr, CP: cpd, CPRank: cr, Checkpoint: ac}, fc)
+				if err != nil {
+					errs[r] = err
+					return
+				}
+				m.Init(5)
+				for mb := range 2 {
+					tokens, targets := acBatch(cfg, B*T, uint64(mb))
+					l, err := m.Forward(CPSlice(tokens, T, cpd, cr), CPSlice(targets, T, cpd, cr))
+					if err == nil {
+						err = m.Backward(0.01)
+					}
+					if err != nil {
+						errs[r] = err
+						return
+					}
+					run.losses[r] = append(run.losses[r], l)
+				}
+				if err := m.ReduceReplicated(); err != nil {
+					errs[r] = err
+					return
+				}
+				run.grads[r] = make([]float32, m.Grads.Len)
+				m.be.Download(run.grads[r], m.Grads)
+				run.recomputed[r] = m.recomputed
+				if r == 0 {
+					run.actBytes = m.ActivationBytes()
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatalf("tp %d cp %d %s: %v", tpd, cpd, ac, err)
+		}
+	}
+	return run
+}
+
+// TestShardedCheckpointingIsBitwise: under tensor parallel and tensor ×
+// context parallel, every checkpointing policy gives every rank bitwise
+// the losses and gradients of keeping every activation (the recomputed
+// layers reissue their all-gathers, reduce-scatters and ring shifts in
+// step on all ranks), recomputes the expected number of layers (the last
+// checkpointed layer of a forward pass is not recomputed) and uses less
+// activation memory.
+func TestShardedCheckpointingIsBitwise(t *testing.T) {
+	cfg := parallelTestConfig()
+	cfg.NLayers = 4
+	const B, T = 2, 16
+	for _, g := range []struct{ tp, cp int }{{2, 1}, {2, 2}} {
+		ref := runShardedAC(t, cfg, B, T, g.tp, g.cp, ActivationCheckpoint{Mode: "none"})
+		for _, c := range []struct {
+			ac   ActivationCheckpoint
+			reco int // per rank over two microbatches
+		}{
+			{ActivationCheckpoint{Mode: "full"}, 6},
+			{ActivationCheckpoint{Mode: "selective", SelectiveOption: "2"}, 2},
+			{ActivationCheckpoint{Mode: "selective", SelectiveOption: "op"}, 6},
+		} {
+			got := runShardedAC(t, cfg, B, T, g.tp, g.cp, c.ac)
+			name := fmt.Sprintf("tp %d cp %d %s", g.tp, g.cp, c.ac)
+			for r := range ref.grads {
+				if !slices.Equal(got.losses[r], ref.losses[r]) {
+					t.Errorf("%s: rank %d losses %v, none %v", name, r, got.losses[r], ref.losses[r])
+				}
+				for i := range ref.grads[r] {
+					if math.Float32bits(got.grads[r][i]) != math.Float32bits(ref.grads[r][i]) {
+						t.Errorf("%s: rank %d gradient %d is %v, none %v", name, r, i, got.grads[r][i], ref.grads[r][i])
+						break
+					}
+				}
+				if got.recomputed[r] != c.reco {
+					t.Errorf("%s: rank %d recomputed %d layers, want %d", name, r, got.recomputed[r], c.reco)
+				}
+			}
+			if got.actBytes >= ref.actBytes {
+				t.Errorf("%s: %d activation bytes, none %d", name, got.actBytes, ref.actBytes)
+			}
+		}
+	}
+}
