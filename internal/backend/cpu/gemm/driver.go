@@ -61,9 +61,11 @@ const (
 	// multiplication aims for, so that a slowed worker is made up for.
 	itemsPerWorker = 6
 	// minItemRows and minItemPanels bound an item from below, in
-	// micro-kernel rows and panels, to keep its packing overhead small.
-	minItemRows   = 4
-	minItemPanels = 2
+	// micro-kernel rows and panels: each B micro-panel brought in from L3
+	// should serve several micro-kernel calls, and each packed A block
+	// several panels.
+	minItemRows   = 8
+	minItemPanels = 4
 	// packChunkPanels is the number of B panels packed per claimed chunk.
 	packChunkPanels = 4
 )

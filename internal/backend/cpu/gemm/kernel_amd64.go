@@ -37,6 +37,8 @@ func transPack16(dst *float32, dstStride int, src *float32, srcStride, rows, col
 //go:noescape
 func copyPack(dst, src *float32, ld, lanes, kc, cols int)
 
+// Tile sizes of the assembly kernels; asmgen.go bakes the same numbers
+// into kernels_amd64.s.
 const (
 	avx512MR = 14
 	avx512NR = 32
@@ -63,6 +65,8 @@ func archKernels() []*kernel {
 	return fast
 }
 
+// microAVX512 is kernel.micro for the AVX-512 kernels: masked stores
+// handle partial tiles in place.
 func microAVX512(kc int, a, b, c []float32, ldc int, alpha, beta float32, rows, cols int) {
 	_ = a[kc*avx512MR-1]
 	_ = b[kc*avx512NR-1]
@@ -74,6 +78,8 @@ func microAVX512(kc int, a, b, c []float32, ldc int, alpha, beta float32, rows, 
 	kernAVX512(kc, &a[0], &b[0], &c[0], ldc, alpha, beta, rows, cols)
 }
 
+// microAVX2 is kernel.micro for the AVX2 kernel: partial tiles go
+// through a scratch tile.
 func microAVX2(kc int, a, b, c []float32, ldc int, alpha, beta float32, rows, cols int) {
 	_ = a[kc*avx2MR-1]
 	_ = b[kc*avx2NR-1]
@@ -87,6 +93,8 @@ func microAVX2(kc int, a, b, c []float32, ldc int, alpha, beta float32, rows, co
 	storeTile(t[:], avx2NR, rows, cols, c, ldc, alpha, beta)
 }
 
+// transPackAVX512 is kernel.transPack in 16×16 blocks transposed in
+// registers.
 func transPackAVX512(dst, src []float32, ld, rows, lanes, kc int) {
 	_ = dst[kc*lanes-1]
 	_ = src[(rows-1)*ld+kc-1]
@@ -106,6 +114,7 @@ func transPackAVX512(dst, src []float32, ld, rows, lanes, kc int) {
 	}
 }
 
+// copyPackAVX512 is kernel.copyPack with masked AVX-512 moves.
 func copyPackAVX512(dst, src []float32, ld, lanes, kc, cols int) {
 	_ = dst[(cols+lanes-1)/lanes*kc*lanes-1]
 	_ = src[(kc-1)*ld+cols-1]
