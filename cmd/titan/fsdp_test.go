@@ -60,6 +60,27 @@ func paramDistance(t *testing.T, dumpA, dumpB string) float64 {
 // parameters within 1e-5 (L2 relative) after them, and parameter +
 // gradient + optimizer memory per worker (state_gib in metrics.jsonl)
 // within 10% of 1/dp_shard of the one-process figure.
+// checkParity requires the run in dump to match the one-process run in ref:
+// losses within 1e-5 relative at every step, parameters (final model-only
+// checkpoint) within 1e-5 L2 relative; it logs the worst differences.
+func checkParity(t *testing.T, name, ref, dump string, steps int) {
+	t.Helper()
+	want, got := metricsColumn(t, ref, "loss"), metricsColumn(t, dump, "loss")
+	worst := 0.0
+	for step := 1; step <= steps; step++ {
+		x, y := want[step], got[step]
+		if y == 0 || math.Abs(x-y) > 1e-5*math.Abs(x) {
+			t.Errorf("step %d: loss %.9g on one process, %.9g under %s", step, x, y, name)
+		}
+		worst = max(worst, math.Abs(x-y)/math.Abs(x))
+	}
+	rel := paramDistance(t, ref, dump)
+	if rel > 1e-5 {
+		t.Errorf("parameters after %d steps differ by %.3g (L2 relative)", steps, rel)
+	}
+	t.Logf("%s: worst loss difference %.3g relative, parameters %.3g (L2 relative)", name, worst, rel)
+}
+
 func TestShardedParallelismMatchesOneProcess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process training runs")
@@ -75,7 +96,7 @@ func TestShardedParallelismMatchesOneProcess(t *testing.T) {
 	}
 	one := t.TempDir()
 	run(one, "--set", "training.local_batch_size=4")
-	refLoss, refState := metricsColumn(t, one, "loss"), metricsColumn(t, one, "state_gib")
+	refState := metricsColumn(t, one, "state_gib")
 
 	for _, c := range []struct {
 		name                      string
@@ -95,20 +116,8 @@ func TestShardedParallelismMatchesOneProcess(t *testing.T) {
 				"--set", "parallelism.data_parallel_replicate_degree="+itoa(c.replicate),
 				"--set", "parallelism.data_parallel_shard_degree="+itoa(c.shard),
 				"--set", "parallelism.fsdp_reshard_after_forward="+c.reshard)
-			loss, state := metricsColumn(t, dump, "loss"), metricsColumn(t, dump, "state_gib")
-			worst := 0.0
-			for step := 1; step <= steps; step++ {
-				x, y := refLoss[step], loss[step]
-				if y == 0 || math.Abs(x-y) > 1e-5*math.Abs(x) {
-					t.Errorf("step %d: loss %.9g on one process, %.9g under %s", step, x, y, c.name)
-				}
-				worst = max(worst, math.Abs(x-y)/math.Abs(x))
-			}
-			rel := paramDistance(t, one, dump)
-			if rel > 1e-5 {
-				t.Errorf("parameters after %d steps differ by %.3g (L2 relative)", steps, rel)
-			}
-			t.Logf("%s: worst loss difference %.3g relative, parameters %.3g (L2 relative)", c.name, worst, rel)
+			checkParity(t, c.name, one, dump, steps)
+			state := metricsColumn(t, dump, "state_gib")
 			ratio := state[1] / refState[1] * float64(c.wantStateFraction)
 			if math.Abs(ratio-1) > 0.1 {
 				t.Errorf("state per worker %.6f GiB, one process %.6f GiB: %.3f × the 1/%d share, want within 10%%", state[1], refState[1], ratio, c.wantStateFraction)

@@ -31,7 +31,6 @@ func TestPipelineParallelMatchesOneProcess(t *testing.T) {
 	}
 	one := t.TempDir()
 	run(one, "--set", "training.local_batch_size=4")
-	ref := metricsColumn(t, one, "loss")
 	for _, c := range []struct {
 		name, schedule               string
 		mbs, replicate, shard, batch int
@@ -51,20 +50,7 @@ func TestPipelineParallelMatchesOneProcess(t *testing.T) {
 				"--set", "training.local_batch_size="+itoa(c.batch),
 				"--set", "parallelism.pipeline_parallel_schedule="+c.schedule,
 				"--set", "parallelism.pipeline_parallel_microbatch_size="+itoa(c.mbs))
-			loss := metricsColumn(t, dump, "loss")
-			worst := 0.0
-			for step := 1; step <= steps; step++ {
-				x, y := ref[step], loss[step]
-				if y == 0 || math.Abs(x-y) > 1e-5*math.Abs(x) {
-					t.Errorf("step %d: loss %.9g on one process, %.9g under %s", step, x, y, c.name)
-				}
-				worst = max(worst, math.Abs(x-y)/math.Abs(x))
-			}
-			rel := paramDistance(t, one, dump)
-			if rel > 1e-5 {
-				t.Errorf("parameters after %d steps differ by %.3g (L2 relative)", steps, rel)
-			}
-			t.Logf("%s: worst loss difference %.3g relative, parameters %.3g (L2 relative)", c.name, worst, rel)
+			checkParity(t, c.name, one, dump, steps)
 		})
 	}
 }

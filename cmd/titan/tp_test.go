@@ -31,7 +31,6 @@ func TestTensorContextParallelMatchesOneProcess(t *testing.T) {
 	}
 	one := t.TempDir()
 	run(one, "--set", "training.local_batch_size=4")
-	refLoss := metricsColumn(t, one, "loss")
 	for _, c := range []struct {
 		name                  string
 		nproc, batch          int
@@ -55,20 +54,7 @@ func TestTensorContextParallelMatchesOneProcess(t *testing.T) {
 				"--set", "parallelism.data_parallel_shard_degree=" + itoa(c.shard),
 				"--set", "parallelism.data_parallel_replicate_degree=" + itoa(c.replic)}
 			run(dump, append(args, c.extra...)...)
-			loss := metricsColumn(t, dump, "loss")
-			worst := 0.0
-			for step := 1; step <= steps; step++ {
-				x, y := refLoss[step], loss[step]
-				if y == 0 || math.Abs(x-y) > 1e-5*math.Abs(x) {
-					t.Errorf("step %d: loss %.9g on one process, %.9g under %s", step, x, y, c.name)
-				}
-				worst = max(worst, math.Abs(x-y)/math.Abs(x))
-			}
-			rel := paramDistance(t, one, dump)
-			if rel > 1e-5 {
-				t.Errorf("parameters after %d steps differ by %.3g (L2 relative)", steps, rel)
-			}
-			t.Logf("%s: worst loss difference %.3g relative, parameters %.3g (L2 relative)", c.name, worst, rel)
+			checkParity(t, c.name, one, dump, steps)
 		})
 	}
 }
