@@ -114,10 +114,12 @@ func New(job *config.Job, out io.Writer, dist *Dist) (*Trainer, error) {
 	T, B := job.Training.SeqLen, job.Training.LocalBatchSize
 	tr.accum = 1
 	if g := job.Training.GlobalBatchSize; g > 0 {
-		if g%B != 0 {
-			return nil, fmt.Errorf("training.global_batch_size %d is not a multiple of training.local_batch_size %d", g, B)
+		// As torchtitan: accumulation = global / (local × data-parallel ranks).
+		per := B * tr.dataRanks()
+		if g%per != 0 {
+			return nil, fmt.Errorf("training.global_batch_size %d is not a multiple of training.local_batch_size %d × %d data-parallel ranks", g, B, tr.dataRanks())
 		}
-		tr.accum = g / B
+		tr.accum = g / per
 	} else if job.Training.GradientAccumulationSteps > 1 {
 		tr.accum = job.Training.GradientAccumulationSteps
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -108,5 +109,26 @@ func TestActivationCheckpointingTrainsIdentically(t *testing.T) {
 				t.Errorf("%s %s: step %d loss %v, none %v", c.mode, c.option, i+1, losses[i], ref[i])
 			}
 		}
+	}
+}
+
+// TestGradientAccumulation: a global batch of 4 sequences taken as two
+// microbatches of 2 trains like one batch of 4 (the loss is normalised by
+// the global number of targets), within float32 reordering.
+func TestGradientAccumulation(t *testing.T) {
+	whole := testJob(t, t.TempDir(), 6)
+	whole.Training.LocalBatchSize = 4
+	accum := testJob(t, t.TempDir(), 6)
+	accum.Training.GlobalBatchSize = 4 // local 2 → 2 microbatches
+	a, b := lossesOf(t, whole, 0), lossesOf(t, accum, 0)
+	for i := range a {
+		if d := math.Abs(a[i] - b[i]); d > 1e-5*math.Abs(a[i]) {
+			t.Errorf("step %d: loss %v with batch 4, %v with 2×2 accumulation", i+1, a[i], b[i])
+		}
+	}
+	bad := testJob(t, t.TempDir(), 1)
+	bad.Training.GlobalBatchSize = 5
+	if _, err := New(bad, io.Discard, nil); err == nil || !strings.Contains(err.Error(), "global_batch_size") {
+		t.Errorf("global batch 5 over local 2: %v", err)
 	}
 }
