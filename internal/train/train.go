@@ -82,13 +82,14 @@ func seedOf(job *config.Job) uint64 {
 // New builds a trainer from a validated recipe, resuming from the newest
 // checkpoint in the dump folder when there is one.
 //
-// dist places the trainer in a data-parallel job (nil: one process). Every
-// rank reads the same global batch and trains on its rows. The ranks form
-// the mesh dp_replicate × dp_shard of [parallelism]: parameters,
-// gradients and optimizer state are sharded over dp_shard (FSDP) and
-// gradients all-reduced over dp_replicate (DDP; both: HSDP), so that
-// every replica holds the same parameters. Rank 0 alone logs and writes
-// checkpoints.
+// dist places the trainer in a multi-process job (nil: one process). The
+// ranks form the [parallelism] mesh pp × dp_replicate × dp_shard × cp × tp.
+// Every data-parallel rank reads the same global batch and trains on its
+// rows; parameters, gradients and optimizer state are sharded over
+// dp_shard (FSDP) and gradients all-reduced over dp_replicate (DDP; both:
+// HSDP); tensor and context parallel ranks hold shards of each layer and
+// of the sequence (sharded.go), and pipeline ranks hold stages
+// (pipeline.go). Rank 0 alone logs and writes checkpoints.
 func New(job *config.Job, out io.Writer, dist *Dist) (*Trainer, error) {
 	cfg, err := ModelConfig(job)
 	if err != nil {
@@ -228,9 +229,9 @@ func (tr *Trainer) newSharding(be backend.Backend) (*fsdp.Runtime, error) {
 	return fsdp.New(be, tr.Model, c)
 }
 
-// checkParallelism accepts the layouts the trainer runs today: data
-// parallel over every rank, sharded over dp_shard and replicated over
-// dp_replicate; it returns the mesh.
+// checkParallelism lays the world out on the [parallelism] mesh and
+// refuses the layouts the model's shapes cannot split (pipeline stages,
+// tensor and context parallel checks); it returns the mesh.
 func checkParallelism(job *config.Job, world int) (*mesh.Mesh, error) {
 	p := job.Parallelism
 	if _, err := fsdp.ParseReshard(p.FSDPReshardAfterForward); err != nil {
