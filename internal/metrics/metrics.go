@@ -121,17 +121,19 @@ func (l *Logger) clearBar() {
 	}
 }
 
-// Close flushes and closes metrics.jsonl.
+// Close flushes and closes metrics.jsonl. Calling it again does nothing.
 func (l *Logger) Close() error {
 	l.clearBar()
 	if l.file == nil {
 		return nil
 	}
+	f := l.file
+	l.file = nil // Close is idempotent; Printf keeps working on the console
 	if err := l.buf.Flush(); err != nil {
-		l.file.Close()
+		f.Close()
 		return err
 	}
-	return l.file.Close()
+	return f.Close()
 }
 
 // PeakRSSGiB is the process's peak resident memory (VmHWM on Linux), or 0

@@ -398,6 +398,14 @@ func (tr *Trainer) Run(ctx context.Context) error {
 		}
 	}
 	tr.elapsed += time.Since(start).Seconds()
+	if tr.dist.Rank == 0 {
+		if err := tr.log.Close(); err != nil {
+			return err
+		}
+		if path, err := metrics.PlotRun(job.Job.DumpFolder, fmt.Sprintf("llama3 %s: %s", job.Model.Flavor, job.Job.Description)); err == nil {
+			fmt.Fprintf(tr.out, "titan: loss curve %s\n", path)
+		}
+	}
 	if job.Checkpoint.Enable {
 		return tr.save(job.Checkpoint.LastSaveModelOnly)
 	}
