@@ -4,7 +4,7 @@ BIN     ?= bin/titan
 RECIPE  ?= recipes/llama3_debug.toml
 PKGS    := ./...
 
-.PHONY: all build train test test-race bench bench-gemm bench-step lint fmt vet clean golden
+.PHONY: all build train test test-race bench bench-gemm bench-step bench-comm lint fmt vet clean golden
 
 all: build
 
@@ -21,6 +21,10 @@ test:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) test -count=1 -timeout 15m $(PKGS)
 
+## test-race: the suite under the race detector (slower).
+test-race:
+	$(GO) test -race -count=1 -timeout 30m $(PKGS)
+
 ## bench: Go micro-benchmarks of the compute core.
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./internal/...
@@ -32,6 +36,10 @@ bench-gemm:
 ## bench-step: training-step throughput against PyTorch, side by side.
 bench-step: build
 	bash bench/step/compare.sh
+
+## bench-comm: allreduce bus bandwidth against PyTorch's Gloo, side by side.
+bench-comm:
+	bash bench/gloo/compare.sh
 
 ## golden: regenerate the PyTorch parity file (needs /usr/bin/python3 with torch).
 golden:
