@@ -22,6 +22,13 @@ const (
 	// iteration the packed A and B micro-panels are prefetched into L1.
 	prefetchA = 1024
 	prefetchB = 1024
+
+	// copyPackPrefetchRows is how many rows ahead copyPack prefetches its
+	// source (a power of two).
+	copyPackPrefetchRows = 8
+	// transPackPrefetch is how many bytes ahead transPack16 prefetches
+	// each source row.
+	transPackPrefetch = 256
 )
 
 var out bytes.Buffer
@@ -297,6 +304,8 @@ func genTransPack16() {
 			p("ADDQ R9, SI")
 		}
 		p("VMOVUPS.Z (SI), K1, Z%d", r)
+		// The caller walks each row left to right, 64 bytes per call.
+		p("PREFETCHT0 %d(SI)", transPackPrefetch)
 	}
 	p("JMP tploaded")
 	for r := 1; r < 16; r++ {
@@ -392,6 +401,10 @@ func genCopyPack() {
 	p("SHLQ $2, DX")
 	p("MOVQ R10, R12")
 	p("IMULQ DX, R12")
+	// R11 = how far ahead the source rows are prefetched: the rows are
+	// often far apart, too far for the hardware prefetchers.
+	p("MOVQ R9, R11")
+	p("SHLQ $%d, R11", log2(copyPackPrefetchRows))
 	p("TESTQ R10, R10")
 	p("JZ cpdone")
 	label("cprow")
@@ -401,6 +414,8 @@ func genCopyPack() {
 	p("TESTQ CX, CX")
 	p("JZ cppartial")
 	label("cppanel")
+	p("PREFETCHT0 (R13)(R11*1)")
+	p("PREFETCHT0 64(R13)(R11*1)")
 	p("VMOVUPS.Z (R13), K3, Z0")
 	p("VMOVUPS.Z 64(R13), K4, Z1")
 	p("VMOVUPS Z0, K3, (BX)")

@@ -13,12 +13,15 @@ import (
 //
 // The loop nest runs over blocks of nc columns of C. For each block the
 // workers first pack all of op(B)'s k×nc panel together, in chunks they
-// claim one at a time, and wait until it is complete. Then they claim
-// work items, each a range of rows of C and a range of its nr-column
-// panels; an item loops over K in steps of kc, packs its rows of op(A) for
-// the step into the worker's own buffer and runs the micro-kernel over
-// its tiles. Claiming work instead of splitting it up front keeps all
-// workers busy when one of them is slowed down.
+// claim one at a time, and wait until it is complete; when items would
+// otherwise pack the same rows of op(A) more than once and all of it fits
+// in packedAFloats, it is packed in the same way, once, with the first
+// block. Then they claim work items, each a range of rows of C and a
+// range of its nr-column panels; an item loops over K in steps of kc,
+// packs its rows of op(A) for the step into the worker's own buffer unless
+// A is packed already, and runs the micro-kernel over its tiles. Claiming
+// work instead of splitting it up front keeps all workers busy when one
+// of them is slowed down.
 type plan struct {
 	kern           *kernel
 	transA, transB bool
@@ -34,7 +37,8 @@ type plan struct {
 	packGroup int // panels per B packing chunk
 
 	bbuf   *buffer   // op(B)'s k×nc panel, packed
-	abuf   []*buffer // per-worker packed rows of op(A) for one K step
+	apk    *buffer   // all of op(A), packed, or nil
+	abuf   []*buffer // per-worker packed rows of op(A) for one K step, without apk
 	workFn func(worker int)
 
 	// Work counters, cumulative over the N blocks, each on its own cache
@@ -57,6 +61,8 @@ var planPool = sync.Pool{New: func() any {
 const (
 	// packedBFloats bounds the packed k×nc panel of op(B).
 	packedBFloats = 4 << 20
+	// packedAFloats bounds the size of op(A) packed whole, up front.
+	packedAFloats = 4 << 20
 	// itemsPerWorker is how many work items per worker a parallel
 	// multiplication aims for, so that a slowed worker is made up for.
 	itemsPerWorker = 6
@@ -109,9 +115,16 @@ func newPlan(kern *kernel, threads int, transA, transB bool, m, n, k int, alpha 
 	}
 
 	pl.bbuf = getBuffer(&bPool, k*np*nr)
-	rows := (mb + pl.rowBlocks - 1) / pl.rowBlocks * mr
-	for w := 0; w < pl.nt; w++ {
-		pl.abuf = append(pl.abuf, getBuffer(&aPool, pl.kc*rows))
+	// Packing A whole saves work when items would pack the same rows
+	// more than once: for several column groups or several N blocks.
+	// Otherwise an item's freshly packed rows are still in L2 when used.
+	if (pl.colGroups > 1 || pl.nc < n) && mb*mr*k <= packedAFloats {
+		pl.apk = getBuffer(&bPool, mb*mr*k)
+	} else {
+		rows := (mb + pl.rowBlocks - 1) / pl.rowBlocks * mr
+		for w := 0; w < pl.nt; w++ {
+			pl.abuf = append(pl.abuf, getBuffer(&aPool, pl.kc*rows))
+		}
 	}
 	for _, ctr := range []*paddedCounter{&pl.packNext, &pl.packDone, &pl.itemNext, &pl.itemDone} {
 		ctr.Store(0)
@@ -135,6 +148,10 @@ func roundUp(x, unit int) int { return (x + unit - 1) / unit * unit }
 func (pl *plan) release() {
 	bPool.Put(pl.bbuf)
 	pl.bbuf = nil
+	if pl.apk != nil {
+		bPool.Put(pl.apk)
+		pl.apk = nil
+	}
 	for i, ab := range pl.abuf {
 		aPool.Put(ab)
 		pl.abuf[i] = nil
@@ -150,31 +167,52 @@ func (pl *plan) work(w int) {
 		return
 	}
 	kern := pl.kern
-	nr := kern.nr
+	mr, nr := kern.mr, kern.nr
 	n, k, kc := pl.n, pl.k, pl.kc
 	kb := (k + kc - 1) / kc
 	bb := pl.bbuf.f
-	abuf := pl.abuf[w].f
+	var abuf []float32
+	if pl.apk == nil {
+		abuf = pl.abuf[w].f
+	}
+	// Chunks of A to pack with the first N block.
+	mb := (pl.m + mr - 1) / mr
+	aChunksPerStep := 0
+	if pl.apk != nil {
+		aChunksPerStep = (mb + pl.packGroup - 1) / pl.packGroup
+	}
 	var packEnd, itemEnd int64
 	for jc := 0; jc < n; jc += pl.nc {
 		ncur := min(pl.nc, n-jc)
 		np := (ncur + nr - 1) / nr
 		chunksPerStep := (np + pl.packGroup - 1) / pl.packGroup
 		packBase := packEnd
-		packEnd += int64(kb * chunksPerStep)
+		packEnd += int64(kb * (chunksPerStep + aChunksPerStep))
 		for {
 			idx, ok := claim(&pl.packNext, packEnd)
 			if !ok {
 				break
 			}
-			step, g := int(idx-packBase)/chunksPerStep, int(idx-packBase)%chunksPerStep
-			pc := step * kc
-			kcur := min(kc, k-pc)
-			jp0, jp1 := g*pl.packGroup, min(np, (g+1)*pl.packGroup)
-			off := pc * np * nr
-			pl.packB(bb[off+jp0*kcur*nr:off+jp1*kcur*nr], pc, kcur, jc+jp0*nr, min(jp1*nr, ncur)-jp0*nr)
+			i := int(idx - packBase)
+			if i < kb*chunksPerStep {
+				step, g := i/chunksPerStep, i%chunksPerStep
+				pc := step * kc
+				kcur := min(kc, k-pc)
+				jp0, jp1 := g*pl.packGroup, min(np, (g+1)*pl.packGroup)
+				off := pc * np * nr
+				pl.packB(bb[off+jp0*kcur*nr:off+jp1*kcur*nr], pc, kcur, jc+jp0*nr, min(jp1*nr, ncur)-jp0*nr)
+			} else {
+				i -= kb * chunksPerStep
+				step, g := i/aChunksPerStep, i%aChunksPerStep
+				pc := step * kc
+				kcur := min(kc, k-pc)
+				ib0, ib1 := g*pl.packGroup, min(mb, (g+1)*pl.packGroup)
+				off := pc * mb * mr
+				pl.packA(pl.apk.f[off+ib0*mr*kcur:off+ib1*mr*kcur], ib0*mr, min(ib1*mr, pl.m)-ib0*mr, pc, kcur)
+			}
 			pl.packDone.Add(1)
 		}
+		aChunksPerStep = 0 // A is packed once
 		waitFor(&pl.packDone, packEnd)
 
 		itemBase := itemEnd
@@ -196,7 +234,8 @@ func (pl *plan) work(w int) {
 }
 
 // item computes the tiles of C in row block rb and panel group cg of the
-// N block of ncur columns at jc.
+// N block of ncur columns at jc. abuf is the worker's A buffer, unused
+// when A is packed whole.
 func (pl *plan) item(abuf []float32, rb, cg, jc, ncur int) {
 	kern := pl.kern
 	mr, nr := kern.mr, kern.nr
@@ -212,7 +251,12 @@ func (pl *plan) item(abuf []float32, rb, cg, jc, ncur int) {
 	bb := pl.bbuf.f
 	for pc := 0; pc < pl.k; pc += pl.kc {
 		kcur := min(pl.kc, pl.k-pc)
-		pl.packA(abuf, r0, rows, pc, kcur)
+		if pl.apk != nil {
+			off := pc*mb*mr + r0*kcur
+			abuf = pl.apk.f[off : off+roundUp(rows, mr)*kcur]
+		} else {
+			pl.packA(abuf, r0, rows, pc, kcur)
+		}
 		beta := pl.beta
 		if pc > 0 {
 			beta = 1

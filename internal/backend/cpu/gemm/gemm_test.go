@@ -211,6 +211,7 @@ func TestSgemmBlocking(t *testing.T) {
 		{700, 40, 20},    // m past mc
 		{20, 700, 300},   // few rows: split over columns
 		{5, 2100, 2100},  // k×n past packedBFloats: several N blocks
+		{2100, 5, 2050},  // m×k past packedAFloats: A packed per item
 		{40, 40, 1100},   // several K blocks
 		{129, 257, 520},  // all edges at once
 		{2048, 30, 1},    // k = 1 with many rows
@@ -456,9 +457,10 @@ func TestPlanSplit(t *testing.T) {
 		check            func(pl *plan) bool
 		want             string
 	}{
-		{2, 5, 2100, 2100, func(pl *plan) bool { return pl.nc < pl.n && pl.nt == 2 }, "several N blocks on 2 workers"},
-		{2, 20, 700, 300, func(pl *plan) bool { return pl.colGroups > 1 }, "column groups for few rows"},
-		{2, 2048, 768, 768, func(pl *plan) bool { return pl.rowBlocks*pl.colGroups%2 == 0 && pl.colGroups == 1 }, "an even number of row items"},
+		{2, 5, 2100, 2100, func(pl *plan) bool { return pl.nc < pl.n && pl.nt == 2 && pl.apk != nil }, "several N blocks on 2 workers, A packed whole"},
+		{2, 2100, 5, 2050, func(pl *plan) bool { return pl.apk == nil && len(pl.abuf) == 2 }, "A packed per item"},
+		{2, 20, 700, 300, func(pl *plan) bool { return pl.colGroups > 1 && pl.apk != nil }, "column groups for few rows, A packed whole"},
+		{2, 2048, 768, 768, func(pl *plan) bool { return pl.rowBlocks*pl.colGroups%2 == 0 && pl.colGroups == 1 && pl.apk == nil }, "an even number of row items, A packed per item"},
 		{2, 16, 16, 16, func(pl *plan) bool { return pl.nt == 1 }, "one worker for a tiny product"},
 		{1, 2048, 768, 768, func(pl *plan) bool { return pl.nt == 1 && pl.colGroups == 1 }, "one worker when there is one thread"},
 		{2, 300, 300, 1000, func(pl *plan) bool { return pl.kc*((pl.k+pl.kc-1)/pl.kc) >= pl.k && pl.kc <= kern.kc }, "balanced K steps"},
