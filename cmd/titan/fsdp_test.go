@@ -60,6 +60,31 @@ func paramDistance(t *testing.T, dumpA, dumpB string) float64 {
 // parameters within 1e-5 (L2 relative) after them, and parameter +
 // gradient + optimizer memory per worker (state_gib in metrics.jsonl)
 // within 10% of 1/dp_shard of the one-process figure.
+// checkResume copies the checkpoints of the 4-step run in half, resumes
+// them to step 6 with args and requires steps 5 and 6 to match the
+// uninterrupted run in whole (trained under refName) within 1e-5.
+func checkResume(t *testing.T, name, refName, whole, half, data string, args []string) {
+	t.Helper()
+	ref := metricsColumn(t, whole, "loss")
+	dump := t.TempDir()
+	if err := os.CopyFS(dump, os.DirFS(half)); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(filepath.Join(dump, "metrics.jsonl"))
+	if out, err := titan(t, append(tinyRun(dump, data, 6), args...)...); err != nil {
+		t.Fatalf("resume: %v\n%s", err, out)
+	}
+	got := metricsColumn(t, dump, "loss")
+	if _, ok := got[1]; ok || len(got) != 2 {
+		t.Fatalf("logged steps %v, want only the resumed steps 5 and 6", got)
+	}
+	for step := 5; step <= 6; step++ {
+		if x, y := ref[step], got[step]; y == 0 || math.Abs(x-y) > 1e-5*math.Abs(x) {
+			t.Errorf("step %d: loss %.9g uninterrupted under %s, %.9g resumed under %s", step, x, refName, y, name)
+		}
+	}
+}
+
 // checkParity requires the run in dump to match the one-process run in ref:
 // losses within 1e-5 relative at every step, parameters (final model-only
 // checkpoint) within 1e-5 L2 relative; it logs the worst differences.
@@ -144,7 +169,6 @@ func TestShardedCheckpointReshards(t *testing.T) {
 	if out, err := titan(t, append(tinyRun(half, data, 4), fsdp2...)...); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	ref := metricsColumn(t, whole, "loss")
 	for _, c := range []struct {
 		name string
 		args []string
@@ -153,24 +177,7 @@ func TestShardedCheckpointReshards(t *testing.T) {
 		{"FSDP4", []string{"--nproc", "4", "--set", "training.local_batch_size=1"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			dump := t.TempDir()
-			if err := os.CopyFS(dump, os.DirFS(half)); err != nil {
-				t.Fatal(err)
-			}
-			os.Remove(filepath.Join(dump, "metrics.jsonl"))
-			args := append(tinyRun(dump, data, 6), append(c.args, "--set", "lr_scheduler.total_steps=6")...)
-			if out, err := titan(t, args...); err != nil {
-				t.Fatalf("resume: %v\n%s", err, out)
-			}
-			got := metricsColumn(t, dump, "loss")
-			if _, ok := got[1]; ok || len(got) != 2 {
-				t.Fatalf("logged steps %v, want only the resumed steps 5 and 6", got)
-			}
-			for step := 5; step <= 6; step++ {
-				if x, y := ref[step], got[step]; y == 0 || math.Abs(x-y) > 1e-5*math.Abs(x) {
-					t.Errorf("step %d: loss %.9g uninterrupted under FSDP2, %.9g resumed under %s", step, x, y, c.name)
-				}
-			}
+			checkResume(t, c.name, "FSDP2", whole, half, data, append(c.args, "--set", "lr_scheduler.total_steps=6"))
 		})
 	}
 }

@@ -1,9 +1,6 @@
 package main
 
 import (
-	"math"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -106,7 +103,6 @@ func TestPipelineCheckpointResumes(t *testing.T) {
 	if out, err := titan(t, append(tinyRun(half, data, 4), pp("Interleaved1F1B")...)...); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	ref := metricsColumn(t, whole, "loss")
 	for _, c := range []struct {
 		name string
 		args []string
@@ -118,23 +114,7 @@ func TestPipelineCheckpointResumes(t *testing.T) {
 		{"one process", []string{"--set", "training.local_batch_size=4", "--set", "lr_scheduler.total_steps=6"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			dump := t.TempDir()
-			if err := os.CopyFS(dump, os.DirFS(half)); err != nil {
-				t.Fatal(err)
-			}
-			os.Remove(filepath.Join(dump, "metrics.jsonl"))
-			if out, err := titan(t, append(tinyRun(dump, data, 6), c.args...)...); err != nil {
-				t.Fatalf("resume: %v\n%s", err, out)
-			}
-			got := metricsColumn(t, dump, "loss")
-			if len(got) != 2 {
-				t.Fatalf("logged steps %v, want only the resumed steps 5 and 6", got)
-			}
-			for step := 5; step <= 6; step++ {
-				if x, y := ref[step], got[step]; y == 0 || math.Abs(x-y) > 1e-5*math.Abs(x) {
-					t.Errorf("step %d: loss %.9g uninterrupted under PP2, %.9g resumed under %s", step, x, y, c.name)
-				}
-			}
+			checkResume(t, c.name, "PP2", whole, half, data, c.args)
 		})
 	}
 }

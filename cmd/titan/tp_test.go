@@ -1,9 +1,6 @@
 package main
 
 import (
-	"math"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -107,7 +104,6 @@ func TestTensorParallelCheckpointReshards(t *testing.T) {
 	if out, err := titan(t, append(tinyRun(half, data, 4), ft...)...); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	ref := metricsColumn(t, whole, "loss")
 	for _, c := range []struct {
 		name string
 		args []string
@@ -117,24 +113,7 @@ func TestTensorParallelCheckpointReshards(t *testing.T) {
 			"--set", "parallelism.tensor_parallel_degree=2", "--set", "parallelism.context_parallel_degree=2"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			dump := t.TempDir()
-			if err := os.CopyFS(dump, os.DirFS(half)); err != nil {
-				t.Fatal(err)
-			}
-			os.Remove(filepath.Join(dump, "metrics.jsonl"))
-			args := append(tinyRun(dump, data, 6), append(c.args, "--set", "lr_scheduler.total_steps=6")...)
-			if out, err := titan(t, args...); err != nil {
-				t.Fatalf("resume: %v\n%s", err, out)
-			}
-			got := metricsColumn(t, dump, "loss")
-			if _, ok := got[1]; ok || len(got) != 2 {
-				t.Fatalf("logged steps %v, want only the resumed steps 5 and 6", got)
-			}
-			for step := 5; step <= 6; step++ {
-				if x, y := ref[step], got[step]; y == 0 || math.Abs(x-y) > 1e-5*math.Abs(x) {
-					t.Errorf("step %d: loss %.9g uninterrupted under FSDP2×TP2, %.9g resumed under %s", step, x, y, c.name)
-				}
-			}
+			checkResume(t, c.name, "FSDP2×TP2", whole, half, data, append(c.args, "--set", "lr_scheduler.total_steps=6"))
 		})
 	}
 }
