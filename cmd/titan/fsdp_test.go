@@ -86,24 +86,27 @@ func checkResume(t *testing.T, name, refName, whole, half, data string, args []s
 }
 
 // checkParity requires the run in dump to match the one-process run in ref:
-// losses within 1e-5 relative at every step, parameters (final model-only
-// checkpoint) within 1e-5 L2 relative; it logs the worst differences.
+// losses and gradient norms within 1e-5 relative at every step,
+// parameters (final model-only checkpoint) within 1e-5 L2 relative; it
+// logs the worst differences.
 func checkParity(t *testing.T, name, ref, dump string, steps int) {
 	t.Helper()
-	want, got := metricsColumn(t, ref, "loss"), metricsColumn(t, dump, "loss")
-	worst := 0.0
-	for step := 1; step <= steps; step++ {
-		x, y := want[step], got[step]
-		if y == 0 || math.Abs(x-y) > 1e-5*math.Abs(x) {
-			t.Errorf("step %d: loss %.9g on one process, %.9g under %s", step, x, y, name)
+	worst := map[string]float64{}
+	for _, key := range []string{"loss", "grad_norm"} {
+		want, got := metricsColumn(t, ref, key), metricsColumn(t, dump, key)
+		for step := 1; step <= steps; step++ {
+			x, y := want[step], got[step]
+			if y == 0 || math.Abs(x-y) > 1e-5*math.Abs(x) {
+				t.Errorf("step %d: %s %.9g on one process, %.9g under %s", step, key, x, y, name)
+			}
+			worst[key] = max(worst[key], math.Abs(x-y)/math.Abs(x))
 		}
-		worst = max(worst, math.Abs(x-y)/math.Abs(x))
 	}
 	rel := paramDistance(t, ref, dump)
 	if rel > 1e-5 {
 		t.Errorf("parameters after %d steps differ by %.3g (L2 relative)", steps, rel)
 	}
-	t.Logf("%s: worst loss difference %.3g relative, parameters %.3g (L2 relative)", name, worst, rel)
+	t.Logf("%s: worst difference loss %.3g, grad_norm %.3g relative; parameters %.3g (L2 relative)", name, worst["loss"], worst["grad_norm"], rel)
 }
 
 func TestShardedParallelismMatchesOneProcess(t *testing.T) {

@@ -131,7 +131,7 @@ func newGenerateCmd() *cobra.Command {
 			if promptLen >= maxT {
 				return fmt.Errorf("prompt of %d tokens leaves no room under max_seq_len %d", promptLen, m.Desc.Config.MaxSeqLen)
 			}
-			model, err := llama.New(be, m.Desc.Config, 1, 1, llama.Options{})
+			model, err := llama.New(be, m.Desc.Config, 1, 1, llama.Plan{})
 			if err != nil {
 				return err
 			}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"strings"
 	"testing"
 )
@@ -28,6 +29,7 @@ func TestTensorContextParallelMatchesOneProcess(t *testing.T) {
 	}
 	one := t.TempDir()
 	run(one, "--set", "training.local_batch_size=4")
+	refState := metricsColumn(t, one, "state_gib")
 	for _, c := range []struct {
 		name                  string
 		nproc, batch          int
@@ -52,6 +54,18 @@ func TestTensorContextParallelMatchesOneProcess(t *testing.T) {
 				"--set", "parallelism.data_parallel_replicate_degree=" + itoa(c.replic)}
 			run(dump, append(args, c.extra...)...)
 			checkParity(t, c.name, one, dump, steps)
+			// Parameters, gradients and optimizer state shrink by tp
+			// and by the FSDP shard group dp_shard × cp (cp alone,
+			// without dp_shard, replicates).
+			want := float64(c.tp)
+			if c.shard > 1 {
+				want *= float64(c.shard * c.cp)
+			}
+			state := metricsColumn(t, dump, "state_gib")[1]
+			if ratio := state / refState[1] * want; math.Abs(ratio-1) > 0.1 {
+				t.Errorf("state per worker %.6f GiB, one process %.6f GiB: %.3f × the 1/%g share, want within 10%%", state, refState[1], ratio, want)
+			}
+			t.Logf("%s: state %.6f GiB per worker, %.4f of one process (ideal 1/%g)", c.name, state, state/refState[1], want)
 		})
 	}
 }

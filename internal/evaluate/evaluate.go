@@ -31,7 +31,7 @@ type Evaluator struct {
 
 // New builds an evaluator for windows of seqLen predictions on be.
 func New(be backend.Backend, cfg llama.Config, params []float32, seqLen int) (*Evaluator, error) {
-	m, err := llama.New(be, cfg, 1, seqLen, llama.Options{})
+	m, err := llama.New(be, cfg, 1, seqLen, llama.Plan{})
 	if err != nil {
 		return nil, err
 	}

@@ -22,7 +22,7 @@ func TestWindowsAndPaddingMatchOneForward(t *testing.T) {
 		seq[i] = int32((i * 7) % cfg.VocabSize)
 	}
 	// Reference: one forward over exactly 12 predictions.
-	m, _ := llama.New(be, cfg, 1, 12, llama.Options{})
+	m, _ := llama.New(be, cfg, 1, 12, llama.Plan{})
 	be.Upload(m.Params, params)
 	want, err := m.Forward(seq[:12], seq[1:])
 	if err != nil {

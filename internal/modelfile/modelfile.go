@@ -243,3 +243,45 @@ func CopyTokenizerFiles(dir, out string) error {
 	}
 	return nil
 }
+
+// ReadLocal fills dst with the elements [lo, lo+len(dst)) of a rank's
+// flat buffer laid out as lay (llama.Config.LocalLayout: a tensor-parallel
+// shard of some layers, tp rank tpRank of tp) from the whole tensors
+// prefix+<parameter> of checkpoint r, reading only what the range needs.
+// Whatever layout wrote the checkpoint, any layout reads it this way.
+func ReadLocal(r *checkpoint.Reader, prefix string, lay []llama.ShardParam, tp, tpRank, lo int, dst []float32) error {
+	hi := lo + len(dst)
+	for _, p := range lay {
+		a, b := max(lo, p.LocalOffset), min(hi, p.LocalOffset+p.LocalSize)
+		if a >= b {
+			continue
+		}
+		name := prefix + p.Name
+		t, ok := r.Meta.Tensors[name]
+		if !ok {
+			return fmt.Errorf("checkpoint %s lacks %s", r.Dir, name)
+		}
+		if !slices.Equal(t.Shape, p.Shape) {
+			return fmt.Errorf("checkpoint %s: %s has shape %v, the model wants %v", r.Dir, name, t.Shape, p.Shape)
+		}
+		read := func(off int, d []float32) error { return r.Read(name, off, d) }
+		out := dst[a-lo : b-lo]
+		if p.Kind == llama.Replicated || p.Kind == llama.RowBlock {
+			// The shard is contiguous in the tensor: read the part in range.
+			base := 0
+			if p.Kind == llama.RowBlock {
+				base = tpRank * p.LocalSize
+			}
+			if err := read(base+a-p.LocalOffset, out); err != nil {
+				return err
+			}
+			continue
+		}
+		shard := make([]float32, p.LocalSize)
+		if err := llama.ReadShard(p, tp, tpRank, shard, read); err != nil {
+			return err
+		}
+		copy(out, shard[a-p.LocalOffset:])
+	}
+	return nil
+}

@@ -3,8 +3,6 @@ package train
 import (
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/titan-go/titan/internal/backend"
@@ -14,7 +12,6 @@ import (
 	"github.com/titan-go/titan/internal/model/llama"
 	"github.com/titan-go/titan/internal/modelfile"
 	"github.com/titan-go/titan/internal/optim"
-	"github.com/titan-go/titan/internal/parallel/fsdp"
 	"github.com/titan-go/titan/internal/parallel/pipeline"
 )
 
@@ -108,9 +105,9 @@ type ppStage struct {
 	spec   llama.StageSpec
 	lo, hi int // elements of the full flat layout
 	off    int // offset in the rank's parameter buffer
-	pool   []stageModel
-	live   map[int]stageModel // by microbatch
-	all    []stageModel       // every activation set created
+	pool   []*llama.Model
+	live   map[int]*llama.Model // by microbatch
+	all    []*llama.Model       // every activation set created
 }
 
 // msgKey names a transfer: the input (activation) or the output gradient
@@ -178,60 +175,17 @@ func (tr *Trainer) newPipeline(be backend.Backend) error {
 	if err != nil {
 		return err
 	}
-	ranks, err := tr.mesh.Group(tr.dist.Rank, "pp")
-	if err != nil {
-		return err
-	}
-	g, err := comm.NewGroup(commCtx, tr.dist.Group, ranks, "pp")
-	if err != nil {
-		return fmt.Errorf("pp group %v: %w", ranks, err)
-	}
-	p := &pipe{ppPlan: plan, tr: tr, be: be, group: g, rank: g.Rank(), stages: map[int]*ppStage{}, mail: map[msgKey][]float32{}}
-	dp, err := tr.mesh.Group(tr.dist.Rank, "dp_replicate", "dp_shard")
-	if err != nil {
-		return err
-	}
-	p.dpN, p.dpRank = len(dp), slices.Index(dp, tr.dist.Rank)
-	// Every rank creates its pipeline group first, then its dp_shard
-	// group, then its dp_replicate group.
-	// Under context parallelism the cp ranks also hold different tokens:
-	// the parameters are sharded over dp_shard × cp (as torchtitan does),
-	// or, without dp_shard, the gradients summed over dp_replicate × cp.
-	shardDims, replDims := []string{"dp_shard"}, []string{"dp_replicate"}
-	if tr.mesh.CP > 1 {
-		if tr.mesh.DPShard > 1 {
-			shardDims = append(shardDims, "cp")
-		} else {
-			replDims = append(replDims, "cp")
-		}
-	}
-	for _, d := range []struct {
-		dims []string
-		g    *comm.Group
-	}{{shardDims, &p.shard}, {replDims, &p.replicate}} {
-		ranks, err := tr.mesh.Group(tr.dist.Rank, d.dims...)
-		if err != nil {
-			return err
-		}
-		if len(ranks) == 1 {
-			continue
-		}
-		name := strings.Join(d.dims, "_")
-		if *d.g, err = comm.NewGroup(commCtx, tr.dist.Group, ranks, name); err != nil {
-			return fmt.Errorf("%s group %v: %w", name, ranks, err)
-		}
-	}
+	gs := tr.groups
+	p := &pipe{ppPlan: plan, tr: tr, be: be, group: gs.PP, rank: gs.PP.Rank(), stages: map[int]*ppStage{}, mail: map[msgKey][]float32{}}
+	p.dpN, p.dpRank = gs.DataRanks(), gs.DataRank()
+	p.shard, p.replicate = gs.Shard, gs.Replicate
 	p.hidden = plan.mbRows * tr.Job.Training.SeqLen * tr.Cfg.Dim
-	if tr.mesh.TP*tr.mesh.CP > 1 {
-		if p.tpcp, err = tr.newPPShard(); err != nil {
-			return err
-		}
-		p.hidden /= tr.mesh.TP * tr.mesh.CP
-	}
+	p.tpcp = tr.newPPShard()
+	p.hidden /= tr.mesh.TP * tr.mesh.CP
 	n := 0
 	for _, s := range plan.sched.Stages(p.rank) {
 		lo, hi := p.rangeOf(s)
-		p.stages[s] = &ppStage{spec: plan.specs[s], lo: lo, hi: hi, off: n, live: map[int]stageModel{}}
+		p.stages[s] = &ppStage{spec: plan.specs[s], lo: lo, hi: hi, off: n, live: map[int]*llama.Model{}}
 		p.local = append(p.local, s)
 		n += hi - lo
 	}
@@ -279,54 +233,35 @@ func (tr *Trainer) newPipeline(be backend.Backend) error {
 // rangeOf is the part of the full flat layout (of the rank's tp shard
 // layout under tensor parallelism) that stage s's parameters occupy.
 func (p *pipe) rangeOf(s int) (lo, hi int) {
-	if p.tpcp != nil {
-		return p.specs[s].ShardRange(p.tr.Cfg, p.tpcp.tp)
-	}
-	return p.specs[s].Range(p.tr.Cfg)
+	return p.specs[s].ShardRange(p.tr.Cfg, p.tpcp.tp)
 }
 
 // init fills this rank's parameters as a whole-model initialisation would.
 func (p *pipe) init(seed uint64) {
 	host := make([]float32, p.work.Len)
-	if p.tpcp != nil {
-		full := make([]float32, p.tr.Cfg.NumParams())
-		llama.InitParams(p.tr.Cfg, seed, full, 0)
-		shard := llama.ShardFlat(p.tr.Cfg, p.tpcp.tp, p.tpcp.tpRank, full)
-		for _, st := range p.stages {
-			copy(host[st.off:st.off+st.hi-st.lo], shard[st.lo:st.hi])
-		}
-		p.be.Upload(p.params, host[p.shardLo:p.shardHi])
-		return
-	}
+	full := make([]float32, p.tr.Cfg.NumParams())
+	llama.InitParams(p.tr.Cfg, seed, full, 0)
+	shard := llama.ShardFlat(p.tr.Cfg, p.tpcp.tp, p.tpcp.tpRank, full)
 	for _, st := range p.stages {
-		llama.InitParams(p.tr.Cfg, seed, host[st.off:st.off+st.hi-st.lo], st.lo)
+		copy(host[st.off:st.off+st.hi-st.lo], shard[st.lo:st.hi])
 	}
 	p.be.Upload(p.params, host[p.shardLo:p.shardHi])
 }
 
 // acquire returns an activation set of stage s for microbatch mb.
-func (p *pipe) acquire(s, mb int) (stageModel, error) {
+func (p *pipe) acquire(s, mb int) (*llama.Model, error) {
 	st := p.stages[s]
-	var x stageModel
+	var x *llama.Model
 	if k := len(st.pool); k > 0 {
 		x, st.pool = st.pool[k-1], st.pool[:k-1]
 	} else {
 		n := st.hi - st.lo
-		if p.tpcp != nil {
-			m, err := p.tpcp.newStage(p, st.spec)
-			if err != nil {
-				return nil, fmt.Errorf("pipeline stage %d: %w", s, err)
-			}
-			m.Bind(p.work.Slice(st.off, n), p.workGrads.Slice(st.off, n))
-			x = shardedStage{m}
-		} else {
-			y, err := llama.NewStage(p.be, p.tr.Cfg, st.spec, p.mbRows, p.tr.Job.Training.SeqLen, llama.Options{Checkpoint: p.tr.acPolicy()})
-			if err != nil {
-				return nil, fmt.Errorf("pipeline stage %d: %w", s, err)
-			}
-			y.Bind(p.work.Slice(st.off, n), p.workGrads.Slice(st.off, n))
-			x = y
+		m, err := p.tpcp.newStage(p, st.spec)
+		if err != nil {
+			return nil, fmt.Errorf("pipeline stage %d: %w", s, err)
 		}
+		m.Bind(p.work.Slice(st.off, n), p.workGrads.Slice(st.off, n))
+		x = m
 		st.all = append(st.all, x)
 	}
 	st.live[mb] = x
@@ -438,9 +373,7 @@ func (p *pipe) run(actions [][]pipeline.Action, inputs, labels []int32, scale fl
 		p.post(peer)
 	}
 	n := p.mbRows * p.tr.Job.Training.SeqLen
-	if p.tpcp != nil {
-		n /= p.tpcp.cp
-	}
+	n /= p.tpcp.cp
 	S := len(p.specs)
 	var lossSum float64
 	start := time.Now()
@@ -467,14 +400,14 @@ func (p *pipe) run(actions [][]pipeline.Action, inputs, labels []int32, scale fl
 				p.be.Upload(x.Input(), in)
 			}
 			t0 := time.Now()
-			sum, _, err := x.Forward(inputs[mb*n:(mb+1)*n], labels[mb*n:(mb+1)*n])
+			_, err = x.Forward(inputs[mb*n:(mb+1)*n], labels[mb*n:(mb+1)*n])
 			timed(a.Kind, t0)
 			if err != nil {
 				return 0, err
 			}
 			if s == S-1 {
-				if p.tpcp == nil || p.tpcp.tpRank == 0 { // the tp ranks compute the same loss
-					lossSum += sum
+				if p.tpcp.tpRank == 0 { // the tp ranks compute the same loss
+					lossSum += x.LossSum()
 				}
 			} else {
 				out := make([]float32, p.hidden)
@@ -517,8 +450,11 @@ func (p *pipe) run(actions [][]pipeline.Action, inputs, labels []int32, scale fl
 			}
 		case pipeline.BackwardWeight:
 			t0 := time.Now()
-			p.stages[s].live[mb].BackwardWeight()
+			err := p.stages[s].live[mb].BackwardWeight()
 			timed(a.Kind, t0)
+			if err != nil {
+				return 0, err
+			}
 			p.release(s, mb)
 		}
 	}
@@ -578,10 +514,8 @@ func (tr *Trainer) ppTrainStep() (loss, gradNorm, lr float64, err error) {
 	p.busy, p.wall = 0, 0
 	p.kindTime, p.kindCount = [4]time.Duration{}, [4]int{}
 	n := tr.Job.Training.LocalBatchSize * tr.Job.Training.SeqLen
-	if p.tpcp != nil {
-		mine.Inputs, mine.Labels = p.tpcp.rows(mine.Inputs, tr.Job.Training.SeqLen), p.tpcp.rows(mine.Labels, tr.Job.Training.SeqLen)
-		n /= p.tpcp.cp
-	}
+	mine.Inputs, mine.Labels = p.tpcp.rows(mine.Inputs, tr.Job.Training.SeqLen), p.tpcp.rows(mine.Labels, tr.Job.Training.SeqLen)
+	n /= p.tpcp.cp
 	var lossSum float64
 	for a := 0; a < tr.accum; a++ {
 		l, err := p.run(p.sched.Actions, mine.Inputs[a*n:(a+1)*n], mine.Labels[a*n:(a+1)*n], 1/float32(targets), true)
@@ -590,10 +524,8 @@ func (tr *Trainer) ppTrainStep() (loss, gradNorm, lr float64, err error) {
 		}
 		lossSum += l
 	}
-	if p.tpcp != nil {
-		if err := p.tpcp.reduceReplicated(p); err != nil {
-			return 0, 0, 0, err
-		}
+	if err := p.tpcp.reduceReplicated(p); err != nil {
+		return 0, 0, 0, err
 	}
 	if p.shard != nil {
 		if err := p.shard.ReduceScatter(commCtx, comm.F32(hostF32(p.workGrads)), comm.F32(hostF32(p.grads)), comm.Sum); err != nil {
@@ -609,12 +541,7 @@ func (tr *Trainer) ppTrainStep() (loss, gradNorm, lr float64, err error) {
 	}
 	// Over every rank: the replicas hold the same gradient shards, so
 	// each contributes its share of their sum of squares.
-	sq := 0.0
-	if p.tpcp != nil {
-		sq = p.tpcp.gradSumSquares(p)
-	} else {
-		sq = p.be.SumSquares(p.grads)
-	}
+	sq := p.tpcp.gradSumSquares(p)
 	v := []float64{sq / float64(nRep), lossSum, p.busy.Seconds(), p.wall.Seconds()}
 	for k := range p.kindTime {
 		v = append(v, p.kindTime[k].Seconds(), float64(p.kindCount[k]))
@@ -668,10 +595,8 @@ func (tr *Trainer) ppValidate(steps int) (float64, error) {
 				acc[1]++
 			}
 		}
-		if p.tpcp != nil {
-			T := tr.Job.Training.SeqLen
-			mine.Inputs, mine.Labels = p.tpcp.rows(mine.Inputs, T), p.tpcp.rows(mine.Labels, T)
-		}
+		T := tr.Job.Training.SeqLen
+		mine.Inputs, mine.Labels = p.tpcp.rows(mine.Inputs, T), p.tpcp.rows(mine.Labels, T)
 		l, err := p.run(actions, mine.Inputs, mine.Labels, 1, false)
 		if err != nil {
 			return 0, err
@@ -696,11 +621,7 @@ func (p *pipe) gather(t backend.Tensor) ([]float32, error) {
 	if p.rank != 0 {
 		return nil, p.group.Send(commCtx, comm.F32(local), 0)
 	}
-	size := p.tr.Cfg.NumParams()
-	if p.tpcp != nil {
-		size = int64(p.tpcp.shardTotal(p.tr.Cfg))
-	}
-	full := make([]float32, size)
+	full := make([]float32, p.tpcp.shardTotal(p.tr.Cfg))
 	place := func(r int, buf []float32) {
 		off := 0
 		for _, s := range p.sched.Stages(r) {
@@ -722,10 +643,7 @@ func (p *pipe) gather(t backend.Tensor) ([]float32, error) {
 		}
 		place(r, buf)
 	}
-	if p.tpcp != nil {
-		return p.tpcp.unshard(p.tr.Cfg, full)
-	}
-	return full, nil
+	return p.tpcp.unshard(p.tr.Cfg, full)
 }
 
 // fullState is Trainer.fullState under pipeline parallelism: rank 0 gets
@@ -758,20 +676,9 @@ func (p *pipe) gatherAll(t backend.Tensor) ([]float32, error) {
 // dst, laid out like params (its dp_shard chunk under FSDP).
 func (p *pipe) load(r *checkpoint.Reader, prefix string, dst backend.Tensor) error {
 	host := make([]float32, p.work.Len)
-	if p.tpcp != nil {
-		full := make([]float32, p.tr.Cfg.NumParams())
-		if err := modelfile.ReadPrefixed(r, prefix, p.tr.Cfg, full); err != nil {
-			return err
-		}
-		shard := llama.ShardFlat(p.tr.Cfg, p.tpcp.tp, p.tpcp.tpRank, full)
-		for _, st := range p.stages {
-			copy(host[st.off:st.off+st.hi-st.lo], shard[st.lo:st.hi])
-		}
-		p.be.Upload(dst, host[p.shardLo:p.shardHi])
-		return nil
-	}
+	lay := p.tr.Cfg.ShardLayout(p.tpcp.tp)
 	for _, st := range p.stages {
-		if err := fsdp.ReadRange(r, prefix, p.tr.Cfg, st.lo, host[st.off:st.off+st.hi-st.lo]); err != nil {
+		if err := modelfile.ReadLocal(r, prefix, lay, p.tpcp.tp, p.tpcp.tpRank, st.lo, host[st.off:st.off+st.hi-st.lo]); err != nil {
 			return err
 		}
 	}
@@ -795,10 +702,7 @@ func (tr *Trainer) activationBytes() int64 {
 	if tr.pp != nil {
 		return tr.pp.activationBytes()
 	}
-	if tr.sh != nil {
-		return tr.sh.m.ActivationBytes()
-	}
-	return tr.Model.ActivationBytes()
+	return tr.eng.Memory().ActivationBytes
 }
 
 // hostF32 is the host memory of a CPU backend tensor.

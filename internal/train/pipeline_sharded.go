@@ -3,50 +3,10 @@ package train
 import (
 	"fmt"
 
-	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/comm"
 	"github.com/titan-go/titan/internal/model/llama"
 	"github.com/titan-go/titan/internal/parallel/tp"
 )
-
-// stageModel is what the pipeline executor runs for one stage and one
-// microbatch: a llama.Stage, or a tensor- and context-parallel
-// llama.Sharded restricted to the stage (shardedStage).
-type stageModel interface {
-	Forward(tokens, targets []int32) (lossSum float64, numTargets int, err error)
-	Backward(lossScale float32) error
-	BackwardInput(lossScale float32) error
-	BackwardWeight()
-	ReserveSplit()
-	Input() backend.Tensor
-	Output() backend.Tensor
-	GradOutput() backend.Tensor
-	GradInput() backend.Tensor
-	ActivationBytes() int64
-}
-
-// shardedStage runs a pipeline stage under tensor and context
-// parallelism. Its backward is never split: BackwardInput runs the whole
-// backward and BackwardWeight does nothing, as llama.Stage does under
-// activation checkpointing.
-type shardedStage struct{ m *llama.Sharded }
-
-func (s shardedStage) Forward(tokens, targets []int32) (float64, int, error) {
-	if _, err := s.m.Forward(tokens, targets); err != nil {
-		return 0, 0, err
-	}
-	return s.m.LossSum(), s.m.NumTargets(), nil
-}
-
-func (s shardedStage) Backward(scale float32) error      { return s.m.Backward(scale) }
-func (s shardedStage) BackwardInput(scale float32) error { return s.m.Backward(scale) }
-func (s shardedStage) BackwardWeight()                   {}
-func (s shardedStage) ReserveSplit()                     {}
-func (s shardedStage) Input() backend.Tensor             { return s.m.StageInput() }
-func (s shardedStage) Output() backend.Tensor            { return s.m.StageOutput() }
-func (s shardedStage) GradOutput() backend.Tensor        { return s.m.StageGrad() }
-func (s shardedStage) GradInput() backend.Tensor         { return s.m.StageGrad() }
-func (s shardedStage) ActivationBytes() int64            { return s.m.ActivationBytes() }
 
 // ppShard is the tensor- and context-parallel part of a pipeline rank:
 // its tp and cp groups (nil for degree 1) and places in them.
@@ -56,31 +16,23 @@ type ppShard struct {
 	c                      *tp.Comm
 }
 
-// newPPShard creates this rank's tp and cp groups, in that order.
-func (tr *Trainer) newPPShard() (*ppShard, error) {
-	ms, rank := tr.mesh, tr.dist.Rank
-	gs := map[string]comm.Group{}
-	for _, dim := range []string{"tp", "cp"} {
-		ranks, err := ms.Group(rank, dim)
-		if err != nil {
-			return nil, err
-		}
-		if len(ranks) == 1 {
-			continue
-		}
-		if gs[dim], err = comm.NewGroup(commCtx, tr.dist.Group, ranks, dim); err != nil {
-			return nil, fmt.Errorf("%s group %v: %w", dim, ranks, err)
-		}
+// newPPShard places this rank in its tp and cp groups.
+func (tr *Trainer) newPPShard() *ppShard {
+	g := tr.groups
+	q := &ppShard{tp: tr.mesh.TP, tpRank: g.TPRank(), cp: tr.mesh.CP, cpRank: g.CPRank(), tpG: g.TP}
+	if q.tp*q.cp > 1 {
+		q.c = &tp.Comm{TP: g.TP, CP: g.CP, Ctx: commCtx}
 	}
-	c := ms.Coords(rank) // pp, dp_replicate, dp_shard, cp, tp
-	return &ppShard{tp: ms.TP, tpRank: c[4], cp: ms.CP, cpRank: c[3], tpG: gs["tp"],
-		c: &tp.Comm{TP: gs["tp"], CP: gs["cp"], Ctx: commCtx}}, nil
+	return q
 }
 
 // newStage creates one activation set of a stage (parameters unbound).
-func (q *ppShard) newStage(p *pipe, spec llama.StageSpec) (*llama.Sharded, error) {
-	return llama.NewSharded(p.be, p.tr.Cfg, p.mbRows, p.tr.Job.Training.SeqLen,
-		llama.ShardPlan{TP: q.tp, TPRank: q.tpRank, CP: q.cp, CPRank: q.cpRank, Stage: &spec, Checkpoint: p.tr.acPolicy()}, q.c)
+func (q *ppShard) newStage(p *pipe, spec llama.StageSpec) (*llama.Model, error) {
+	plan := llama.Plan{TP: q.tp, TPRank: q.tpRank, CP: q.cp, CPRank: q.cpRank, Stage: &spec, External: true, Checkpoint: p.tr.acPolicy()}
+	if q.c != nil {
+		plan.Comm = q.c
+	}
+	return llama.New(p.be, p.tr.Cfg, p.mbRows, p.tr.Job.Training.SeqLen, plan)
 }
 
 // rows returns this rank's tokens of the rows x: the cp rank's head and
@@ -92,15 +44,22 @@ func (q *ppShard) rows(x []int32, T int) []int32 {
 	return llama.CPSlice(x, T, q.cp, q.cpRank)
 }
 
-// reduceReplicated sums the norm gradients of every stage over the tp
-// group.
+// reduceReplicated sums the norm gradients of every stage (each tp
+// rank's from its sequence rows) over the tp group.
 func (q *ppShard) reduceReplicated(p *pipe) error {
 	if q.tp == 1 {
 		return nil
 	}
 	for _, s := range p.local {
-		if err := p.stages[s].all[0].(shardedStage).m.ReduceReplicated(); err != nil {
-			return err
+		st := p.stages[s]
+		for _, r := range st.all[0].Replicated() {
+			t := p.workGrads.Slice(st.off+r.Lo, r.Len())
+			h := make([]float32, t.Len)
+			p.be.Download(h, t)
+			if err := q.tpG.AllReduce(commCtx, comm.F32(h), comm.Sum); err != nil {
+				return fmt.Errorf("pipeline: norm gradients over tp: %w", err)
+			}
+			p.be.Upload(t, h)
 		}
 	}
 	return nil
@@ -113,7 +72,7 @@ func (q *ppShard) gradSumSquares(p *pipe) float64 {
 	var sum float64
 	for _, s := range p.local {
 		st := p.stages[s]
-		for _, sp := range st.spec.ShardLayout(p.tr.Cfg, q.tp) {
+		for _, sp := range p.tr.Cfg.LocalLayout(q.tp, st.spec) {
 			if sp.Kind == llama.Replicated && q.tpRank != 0 {
 				continue
 			}

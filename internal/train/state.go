@@ -8,7 +8,6 @@ import (
 	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/checkpoint"
 	"github.com/titan-go/titan/internal/modelfile"
-	"github.com/titan-go/titan/internal/parallel/fsdp"
 )
 
 // trainState is the train_state blob of a checkpoint.
@@ -26,33 +25,18 @@ func checkpointDir(folder string, step int) string { return checkpoint.StepDir(f
 // optimizer moments. Under sharded data parallelism it all-gathers them
 // over the shard group, so every rank must call it.
 func (tr *Trainer) fullState(modelOnly bool) (params, mv, vv []float32, err error) {
-	if tr.sh != nil {
-		return tr.sh.fullState(tr, modelOnly)
-	}
 	if tr.pp != nil {
 		return tr.pp.fullState(modelOnly)
 	}
-	if tr.fs != nil {
-		if params, err = tr.fs.GatherFull(tr.fs.Params); err != nil || modelOnly {
-			return params, nil, nil, err
-		}
-		if mv, err = tr.fs.GatherFull(tr.Opt.M); err != nil {
-			return nil, nil, nil, err
-		}
-		vv, err = tr.fs.GatherFull(tr.Opt.V)
-		return params, mv, vv, err
+	e := tr.eng
+	if params, err = e.GatherFull(e.Params()); err != nil || modelOnly {
+		return params, nil, nil, err
 	}
-	be, m := tr.be, tr.Model
-	params = make([]float32, m.Params.Len)
-	be.Download(params, m.Params)
-	if modelOnly {
-		return params, nil, nil, nil
+	if mv, err = e.GatherFull(tr.Opt.M); err != nil {
+		return nil, nil, nil, err
 	}
-	mv = make([]float32, m.Params.Len)
-	vv = make([]float32, m.Params.Len)
-	be.Download(mv, tr.Opt.M)
-	be.Download(vv, tr.Opt.V)
-	return params, mv, vv, nil
+	vv, err = e.GatherFull(tr.Opt.V)
+	return params, mv, vv, err
 }
 
 // save writes a checkpoint of the current step (model only, or the full
@@ -152,37 +136,22 @@ func (tr *Trainer) restore() error {
 // buffer (the model's parameters or an optimizer moment) or, under FSDP,
 // this rank's shards of one, read range by range.
 func (tr *Trainer) loadTensor(r *checkpoint.Reader, prefix string, dst backend.Tensor) error {
-	if tr.sh != nil {
-		return tr.sh.load(r, prefix, dst)
-	}
 	if tr.pp != nil {
 		return tr.pp.load(r, prefix, dst)
 	}
-	if tr.fs != nil {
-		return tr.fs.Load(dst, func(lo int, out []float32) error {
-			return fsdp.ReadRange(r, prefix, tr.Cfg, lo, out)
-		})
-	}
-	flat := make([]float32, dst.Len)
-	if err := modelfile.ReadPrefixed(r, prefix, tr.Cfg, flat); err != nil {
+	if err := tr.eng.Load(r, prefix, dst); err != nil {
 		return err
 	}
-	tr.be.Upload(dst, flat)
+	tr.eng.Updated()
 	return nil
 }
 
 // paramsTensor is the buffer that holds this rank's parameters.
 func (tr *Trainer) paramsTensor() backend.Tensor {
-	if tr.sh != nil {
-		return tr.sh.params
-	}
 	if tr.pp != nil {
 		return tr.pp.params
 	}
-	if tr.fs != nil {
-		return tr.fs.Params
-	}
-	return tr.Model.Params
+	return tr.eng.Params()
 }
 
 func (tr *Trainer) loadModelOnly(r *checkpoint.Reader, step int) error {

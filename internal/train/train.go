@@ -23,6 +23,7 @@ import (
 	"github.com/titan-go/titan/internal/metrics"
 	"github.com/titan-go/titan/internal/model/llama"
 	"github.com/titan-go/titan/internal/optim"
+	"github.com/titan-go/titan/internal/parallel"
 	"github.com/titan-go/titan/internal/parallel/fsdp"
 	"github.com/titan-go/titan/internal/tokenizer"
 )
@@ -31,7 +32,6 @@ import (
 type Trainer struct {
 	Job   *config.Job
 	Cfg   llama.Config
-	Model *llama.Model
 	Opt   *optim.AdamW
 	Sched optim.Schedule
 	Tok   tokenizer.Tokenizer
@@ -50,16 +50,14 @@ type Trainer struct {
 	peakFLOPS  float64
 	elapsed    float64 // seconds of training before this process (resumed runs)
 	ckptFolder string
-	// mesh is the device mesh of a multi-rank job, and fs its sharded
-	// data-parallel runtime (FSDP, HSDP or DDP); both nil on one process.
-	mesh *mesh.Mesh
-	fs   *fsdp.Runtime
-	// pp is the pipeline-parallel executor (nil without pipeline
-	// parallelism; Model is then nil and pp holds the stages).
-	pp *pipe
-	// sh runs tensor and context parallelism (nil without them; Model
-	// is then nil and sh holds this rank's shards).
-	sh *sharded
+	// mesh is the device mesh and groups its communication groups,
+	// built once.
+	mesh   *mesh.Mesh
+	groups *parallel.Groups
+	// eng is this rank's share of the model without pipeline
+	// parallelism; pp the pipeline-parallel executor otherwise.
+	eng parallel.Engine
+	pp  *pipe
 }
 
 // Dist places a trainer in a data-parallel job.
@@ -145,6 +143,9 @@ func New(job *config.Job, out io.Writer, dist *Dist) (*Trainer, error) {
 	}
 	be := cpu.New(threads)
 	tr.be = be
+	if tr.groups, err = parallel.NewGroups(tr.dist.Group, tr.mesh, tr.dist.Rank); err != nil {
+		return nil, err
+	}
 	var nOpt int
 	if tr.mesh.PP > 1 {
 		// Pipeline stages, sharded under tp and cp when they are > 1.
@@ -152,21 +153,15 @@ func New(job *config.Job, out io.Writer, dist *Dist) (*Trainer, error) {
 			return nil, err
 		}
 		nOpt = tr.pp.params.Len
-	} else if tr.mesh.TP*tr.mesh.CP > 1 {
-		if err := tr.newSharded(be); err != nil {
-			return nil, err
-		}
-		nOpt = tr.sh.params.Len
-	} else if tr.Model, err = llama.New(be, cfg, B, T, llama.Options{External: tr.dist.World > 1, Checkpoint: tr.acPolicy()}); err != nil {
-		return nil, err
 	} else {
-		nOpt = tr.Model.Params.Len
-	}
-	if tr.dist.World > 1 && tr.pp == nil && tr.sh == nil {
-		if tr.fs, err = tr.newSharding(be); err != nil {
+		reshard, err := fsdp.ParseReshard(job.Parallelism.FSDPReshardAfterForward)
+		if err != nil {
+			return nil, fmt.Errorf("parallelism: %w", err)
+		}
+		if tr.eng, err = parallel.NewSPMD(be, cfg, tr.groups, parallel.Options{B: B, T: T, Checkpoint: tr.acPolicy(), Reshard: reshard}); err != nil {
 			return nil, err
 		}
-		nOpt = tr.fs.Params.Len
+		nOpt = tr.eng.Params().Len
 	}
 	oc := job.Optimizer
 	tr.Opt = optim.NewAdamW(be, nOpt, optim.AdamWConfig{
@@ -187,46 +182,15 @@ func New(job *config.Job, out io.Writer, dist *Dist) (*Trainer, error) {
 		tr.peakFLOPS = p.PeakFLOPS()
 	}
 	tr.ckptFolder = filepath.Join(job.Job.DumpFolder, job.Checkpoint.Folder)
-	if tr.sh != nil {
-		tr.sh.init(be, tr.seed)
-	} else if tr.pp != nil {
+	if tr.pp != nil {
 		tr.pp.init(tr.seed)
-	} else if tr.fs != nil {
-		tr.fs.InitParams(tr.seed)
 	} else {
-		tr.Model.Init(tr.seed)
+		tr.eng.Init(tr.seed)
 	}
 	if err := tr.restore(); err != nil {
 		return nil, err
 	}
 	return tr, nil
-}
-
-// newSharding creates this rank's dp_shard and dp_replicate groups (every
-// rank creates its own two, shard group first) and the sharded
-// data-parallel runtime over them.
-func (tr *Trainer) newSharding(be backend.Backend) (*fsdp.Runtime, error) {
-	reshard, err := fsdp.ParseReshard(tr.Job.Parallelism.FSDPReshardAfterForward)
-	if err != nil {
-		return nil, fmt.Errorf("parallelism: %w", err)
-	}
-	c := fsdp.Config{Reshard: reshard}
-	for _, d := range []struct {
-		dim string
-		g   *comm.Group
-	}{{"dp_shard", &c.Shard}, {"dp_replicate", &c.Replicate}} {
-		ranks, err := tr.mesh.Group(tr.dist.Rank, d.dim)
-		if err != nil {
-			return nil, err
-		}
-		if len(ranks) == 1 {
-			continue
-		}
-		if *d.g, err = comm.NewGroup(commCtx, tr.dist.Group, ranks, d.dim); err != nil {
-			return nil, fmt.Errorf("%s group %v: %w", d.dim, ranks, err)
-		}
-	}
-	return fsdp.New(be, tr.Model, c)
 }
 
 // checkParallelism lays the world out on the [parallelism] mesh and
@@ -244,7 +208,14 @@ func checkParallelism(job *config.Job, world int) (*mesh.Mesh, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkSharded(job, m); err != nil {
+	if p.EnableAsyncTensorParallel {
+		return nil, errors.New("parallelism.enable_async_tensor_parallel: not implemented yet (set it to false)")
+	}
+	cfg, err := ModelConfig(job)
+	if err != nil {
+		return nil, err
+	}
+	if err := llama.CheckParallel(cfg, job.Training.SeqLen, m.TP, m.CP); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -255,16 +226,10 @@ func checkParallelism(job *config.Job, world int) (*mesh.Mesh, error) {
 // transient and not included.
 func (tr *Trainer) stateBytes() int64 {
 	opt := int64(tr.Opt.M.Len+tr.Opt.V.Len) * 4
-	if tr.sh != nil {
-		return int64(tr.sh.params.Len+tr.sh.grads.Len)*4 + opt
-	}
 	if tr.pp != nil {
 		return tr.pp.stateBytes() + opt
 	}
-	if tr.fs != nil {
-		return tr.fs.StateBytes() + opt
-	}
-	return int64(tr.Model.Params.Len+tr.Model.Grads.Len)*4 + opt
+	return tr.eng.Memory().StateBytes + opt
 }
 
 // acPolicy is the recipe's activation checkpointing policy, as logged.
@@ -454,13 +419,9 @@ func (tr *Trainer) sumOverRanks(x []float64) error {
 // mean loss over the global batch, the gradient norm before clipping and
 // the learning rate used.
 func (tr *Trainer) TrainStep() (loss, gradNorm, lr float64, err error) {
-	if tr.sh != nil {
-		return tr.shardedStep()
-	}
 	if tr.pp != nil {
 		return tr.ppTrainStep()
 	}
-	m := tr.Model
 	batch, err := tr.Data.Next()
 	if err != nil {
 		return 0, 0, 0, err
@@ -476,55 +437,26 @@ func (tr *Trainer) TrainStep() (loss, gradNorm, lr float64, err error) {
 	if targets == 0 {
 		return 0, 0, 0, errors.New("the batch has no targets")
 	}
-	mine, err := batch.Shard(tr.dist.Rank, tr.dist.World)
+	mine, err := batch.Shard(tr.groups.DataRank(), tr.groups.DataRanks())
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	if tr.fs != nil {
-		tr.fs.ZeroGrad()
-	} else {
-		m.ZeroGrad()
+	sum, err := tr.eng.ForwardBackward(mine.Inputs, mine.Labels, tr.accum, 1/float32(targets))
+	if err != nil {
+		return 0, 0, 0, err
 	}
-	sum := []float64{0}
-	n := m.B * m.T
-	for a := 0; a < tr.accum; a++ {
-		in, lab := mine.Inputs[a*n:(a+1)*n], mine.Labels[a*n:(a+1)*n]
-		l, err := m.Forward(in, lab)
-		if err != nil {
-			return 0, 0, 0, err
-		}
-		sum[0] += float64(l) * float64(m.NumTargets())
-		if err := m.Backward(1 / float32(targets)); err != nil {
-			return 0, 0, 0, err
-		}
-	}
-	params, grads := m.Params, m.Grads
-	var sumSq float64
-	if tr.fs != nil {
-		// The last unit reductions overlapped the backward; wait for them.
-		if err := tr.fs.Finish(); err != nil {
-			return 0, 0, 0, err
-		}
-		params, grads = tr.fs.Params, tr.fs.Grads
-		if sumSq, err = tr.fs.SumSquares(); err != nil {
-			return 0, 0, 0, err
-		}
-	} else {
-		sumSq = tr.be.SumSquares(grads)
-	}
-	if err := tr.sumOverRanks(sum); err != nil {
+	sumSq, err := tr.eng.GradSumSquares()
+	if err != nil {
 		return 0, 0, 0, err
 	}
 	norm, scale := optim.ClipScale(sumSq, float32(tr.Job.Training.MaxNorm))
 	lr = tr.Sched.LR(tr.Step)
-	if err := tr.Opt.Update(params, grads, float32(lr), scale); err != nil {
+	if err := tr.Opt.Update(tr.eng.Params(), tr.eng.Grads(), float32(lr), scale); err != nil {
 		return 0, 0, 0, err
 	}
-	if tr.fs != nil {
-		tr.fs.Invalidate()
-	}
+	tr.eng.Updated()
 	tr.Step++
-	return sum[0] / float64(targets), norm, lr, nil
+	return sum / float64(targets), norm, lr, nil
 }
 
 // Validate returns the mean loss over steps batches of the validation
@@ -533,33 +465,27 @@ func (tr *Trainer) Validate(steps int) (float64, error) {
 	if steps <= 0 {
 		steps = 10
 	}
-	if tr.sh != nil {
-		return tr.shardedValidate(steps)
-	}
 	if tr.pp != nil {
 		return tr.ppValidate(steps)
 	}
-	acc := []float64{0, 0}
+	var sum float64
+	var n int
 	for i := 0; i < steps; i++ {
 		b, err := tr.Val.Next()
 		if err != nil {
 			return 0, fmt.Errorf("validation: %w", err)
 		}
-		mine, err := b.Shard(tr.dist.Rank, tr.dist.World)
+		mine, err := b.Shard(tr.groups.DataRank(), tr.groups.DataRanks())
 		if err != nil {
 			return 0, err
 		}
-		l, err := tr.Model.Forward(mine.Inputs, mine.Labels)
+		l, k, err := tr.eng.Evaluate(mine.Inputs, mine.Labels)
 		if err != nil {
 			return 0, err
 		}
-		acc[0] += float64(l) * float64(tr.Model.NumTargets())
-		acc[1] += float64(tr.Model.NumTargets())
+		sum, n = sum+l, n+k
 	}
-	if err := tr.sumOverRanks(acc); err != nil {
-		return 0, err
-	}
-	return acc[0] / max(acc[1], 1), nil
+	return sum / float64(max(n, 1)), nil
 }
 
 func humanCount(n int64) string {

@@ -89,7 +89,7 @@ func TestActivationCheckpointingTrainsIdentically(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		bytes := tr.Model.ActivationBytes()
+		bytes := tr.activationBytes()
 		var losses []float64
 		tr.OnStep = func(_ int, loss float64) { losses = append(losses, loss) }
 		err = tr.Run(context.Background())

@@ -13,7 +13,7 @@ import (
 // BenchmarkTrainStep times one full training step (forward, backward,
 // gradient norm, AdamW) of the tiny_bench flavor at batch 8 × seq 256,
 // the model PyTorch is compared against (bench/pytorch/train_step.py).
-func BenchmarkTrainStep(b *testing.B) { benchTrainStep(b, Options{}) }
+func BenchmarkTrainStep(b *testing.B) { benchTrainStep(b, Plan{}) }
 
 // BenchmarkActivationCheckpointing times the same training step under
 // each activation checkpointing policy and reports its activation memory.
@@ -23,12 +23,12 @@ func BenchmarkActivationCheckpointing(b *testing.B) {
 		{Mode: "selective", SelectiveOption: "2"}, {Mode: "selective", SelectiveOption: "op"},
 	} {
 		b.Run(strings.ReplaceAll(ac.String(), " ", "_"), func(b *testing.B) {
-			benchTrainStep(b, Options{Checkpoint: ac})
+			benchTrainStep(b, Plan{Checkpoint: ac})
 		})
 	}
 }
 
-func benchTrainStep(b *testing.B, mopt Options) {
+func benchTrainStep(b *testing.B, mopt Plan) {
 	cfg, err := Flavor("tiny_bench")
 	if err != nil {
 		b.Fatal(err)

@@ -96,28 +96,6 @@ type actField struct {
 	cheap bool
 }
 
-// actFields lists the views of a layerActs.
-func actFields(a *layerActs, cfg Config, B, T int) []actField {
-	BT, D, F := B*T, cfg.Dim, cfg.FFNHidden()
-	Q, KV := cfg.NHeads*cfg.HeadDim(), cfg.KVHeads()*cfg.HeadDim()
-	return []actField{
-		{&a.attnNorm, BT * D, true}, {&a.attnRstd, BT, true},
-		{&a.q, BT * Q, false}, {&a.k, BT * KV, false}, {&a.v, BT * KV, false},
-		{&a.attn, BT * Q, false}, {&a.lse, B * cfg.NHeads * T, false},
-		{&a.mid, BT * D, false},
-		{&a.ffnNorm, BT * D, true}, {&a.ffnRstd, BT, true},
-		{&a.h1, BT * F, false}, {&a.h3, BT * F, false}, {&a.hs, BT * F, true},
-	}
-}
-
-// planLayers lays the layer activations out with next: a layer that keeps
-// everything owns all its views; recomputed views of every other layer
-// come from one shared scratch set, carved once.
-func (m *Model) planLayers(next func(n int) backend.Tensor) {
-	m.layers = make([]layerActs, m.Cfg.NLayers)
-	planActs(m.policy, m.layers, func(a *layerActs) []actField { return actFields(a, m.Cfg, m.B, m.T) }, next)
-}
-
 // planActs lays out the activation sets layers (one per layer, policy
 // giving each one's policy) with next, as Model.planLayers describes;
 // fields lists the views of one set.
@@ -162,69 +140,4 @@ func hasPolicy(policy []layerPolicy, p layerPolicy) bool {
 		}
 	}
 	return false
-}
-
-// layerForward runs layer l's forward from m.resid[l] into its
-// activations and, when out is set, its output m.resid[l+1]. The backward
-// pass's recomputation leaves out unset: the output is kept anyway.
-func (m *Model) layerForward(l int, out bool) {
-	cfg, be := m.Cfg, m.be
-	B, T := m.B, m.T
-	BT, D, F := B*T, cfg.Dim, cfg.FFNHidden()
-	H, KVH, HD := cfg.NHeads, cfg.KVHeads(), cfg.HeadDim()
-	Q, KV := H*HD, KVH*HD
-	eps := float32(cfg.NormEps)
-	dims := backend.AttentionDims{B: B, Tq: T, Tk: T, NH: H, NKV: KVH, HD: HD}
-	a, p := &m.layers[l], &m.P.Layers[l]
-	x := m.resid[l]
-	be.RMSNormForward(a.attnNorm, a.attnRstd, x, p.AttnNorm, BT, D, eps)
-	linear(be, a.q, a.attnNorm, p.Wq, BT, D, Q, false)
-	linear(be, a.k, a.attnNorm, p.Wk, BT, D, KV, false)
-	linear(be, a.v, a.attnNorm, p.Wv, BT, D, KV, false)
-	be.RoPEForward(a.q, a.q, m.cos, m.sin, B, T, H, HD)
-	be.RoPEForward(a.k, a.k, m.cos, m.sin, B, T, KVH, HD)
-	be.AttentionForward(a.attn, a.lse, a.q, a.k, a.v, dims)
-	be.Copy(a.mid, x)
-	linear(be, a.mid, a.attn, p.Wo, BT, Q, D, true)
-
-	be.RMSNormForward(a.ffnNorm, a.ffnRstd, a.mid, p.FFNNorm, BT, D, eps)
-	linear(be, a.h1, a.ffnNorm, p.W1, BT, D, F, false)
-	linear(be, a.h3, a.ffnNorm, p.W3, BT, D, F, false)
-	be.SwiGLUForward(a.hs, a.h1, a.h3, BT*F)
-	if out {
-		be.Copy(m.resid[l+1], a.mid)
-		linear(be, m.resid[l+1], a.hs, p.W2, BT, F, D, true)
-	}
-}
-
-// recomputeCheap recomputes layer l's element-wise activations (both
-// RMSNorms and the SwiGLU product) from its kept ones, exactly as
-// layerForward computed them.
-func (m *Model) recomputeCheap(l int) {
-	cfg, be := m.Cfg, m.be
-	BT, D, F := m.B*m.T, cfg.Dim, cfg.FFNHidden()
-	eps := float32(cfg.NormEps)
-	a, p := &m.layers[l], &m.P.Layers[l]
-	be.RMSNormForward(a.attnNorm, a.attnRstd, m.resid[l], p.AttnNorm, BT, D, eps)
-	be.RMSNormForward(a.ffnNorm, a.ffnRstd, a.mid, p.FFNNorm, BT, D, eps)
-	be.SwiGLUForward(a.hs, a.h1, a.h3, BT*F)
-}
-
-// restore makes layer l's activations available to its backward pass,
-// recomputing them into the shared scratch set unless they are kept or
-// still there (the last checkpointed layer of the forward pass is not
-// recomputed: nothing overwrote its activations).
-func (m *Model) restore(l int) {
-	p := m.policy[l]
-	if p == keepAll || m.scratchLayer == l {
-		return
-	}
-	m.scratchLayer = -1
-	if p == recomputeLayer {
-		m.layerForward(l, false)
-	} else {
-		m.recomputeCheap(l)
-	}
-	m.recomputed++
-	m.scratchLayer = l
 }

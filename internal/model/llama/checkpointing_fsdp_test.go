@@ -41,15 +41,20 @@ func TestCheckpointingUnderFSDP(t *testing.T) {
 					defer g.Close()
 					be := cpu.New(1)
 					defer be.Close()
-					m, err := llama.New(be, cfg, B, T, llama.Options{External: true, Checkpoint: ac})
+					m, err := llama.New(be, cfg, B, T, llama.Plan{External: true, Checkpoint: ac})
 					if err != nil {
 						return err
 					}
-					rt, err := fsdp.New(be, m, fsdp.Config{Shard: g, Reshard: reshard})
+					var units []fsdp.Range
+					for _, u := range m.Units() {
+						units = append(units, fsdp.Range{Lo: u.Lo, Hi: u.Hi})
+					}
+					rt, err := fsdp.New(be, units, m.BindUnit, fsdp.Config{Shard: g, Reshard: reshard})
 					if err != nil {
 						return err
 					}
-					rt.InitParams(11)
+					m.Hooks = rt
+					rt.Init(func(lo int, dst []float32) { m.InitLocal(11, dst, lo) })
 					rt.ZeroGrad()
 					for mb := range 2 {
 						tok, tgt := make([]int32, B*T), make([]int32, B*T)

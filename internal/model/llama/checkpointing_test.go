@@ -45,7 +45,7 @@ func runAC(t *testing.T, cfg Config, B, T, chunk int, ac ActivationCheckpoint, h
 	t.Helper()
 	be := cpu.New(2)
 	defer be.Close()
-	m, err := New(be, cfg, B, T, Options{LogitChunk: chunk, Checkpoint: ac, External: hooked})
+	m, err := New(be, cfg, B, T, Plan{LogitChunk: chunk, Checkpoint: ac, External: hooked})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +262,7 @@ func TestActivationBytes(t *testing.T) {
 		{}, {Mode: "full"}, {Mode: "selective", SelectiveOption: "1"}, {Mode: "selective", SelectiveOption: "2"},
 		{Mode: "selective", SelectiveOption: "5"}, {Mode: "selective", SelectiveOption: "op"},
 	} {
-		n, err := ActivationBytesFor(cfg, B, T, Options{Checkpoint: ac})
+		n, err := ActivationBytesFor(cfg, B, T, Plan{Checkpoint: ac})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -280,11 +280,11 @@ func TestActivationBytes(t *testing.T) {
 	be := cpu.New(1)
 	defer be.Close()
 	for _, ac := range acModes {
-		m, err := New(be, tiny, 2, 8, Options{Checkpoint: ac})
+		m, err := New(be, tiny, 2, 8, Plan{Checkpoint: ac})
 		if err != nil {
 			t.Fatal(err)
 		}
-		want, _ := ActivationBytesFor(tiny, 2, 8, Options{Checkpoint: ac})
+		want, _ := ActivationBytesFor(tiny, 2, 8, Plan{Checkpoint: ac})
 		if m.ActivationBytes() != want {
 			t.Errorf("%v: model has %d activation bytes, plan %d", ac, m.ActivationBytes(), want)
 		}
@@ -297,7 +297,7 @@ func TestCheckpointingRejectsBadOptions(t *testing.T) {
 		{Mode: "memory_budget"}, {Mode: "selective"}, {Mode: "selective", SelectiveOption: "0"},
 		{Mode: "selective", SelectiveOption: "ops"},
 	} {
-		if _, err := ActivationBytesFor(tiny, 1, 4, Options{Checkpoint: ac}); err == nil {
+		if _, err := ActivationBytesFor(tiny, 1, 4, Plan{Checkpoint: ac}); err == nil {
 			t.Errorf("%+v was accepted", ac)
 		}
 	}

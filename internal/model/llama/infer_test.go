@@ -15,7 +15,7 @@ func TestInferenceMatchesForward(t *testing.T) {
 	be := cpu.New(2)
 	defer be.Close()
 	T := ref.Config.SeqLen
-	m, err := New(be, cfg, 1, T, Options{})
+	m, err := New(be, cfg, 1, T, Plan{})
 	if err != nil {
 		t.Fatal(err)
 	}

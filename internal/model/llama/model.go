@@ -22,83 +22,27 @@ type Params struct {
 	Output    backend.Tensor
 }
 
-// View lays cfg's parameters over the flat buffer flat.
-func View(cfg Config, flat backend.Tensor) Params {
-	layout := cfg.Layout()
-	t := func(i int) backend.Tensor { return flat.Slice(layout[i].Offset, layout[i].Size) }
-	p := Params{Embedding: t(0), Layers: make([]LayerParams, cfg.NLayers)}
-	for l := range p.Layers {
-		i := 1 + 9*l
-		p.Layers[l] = LayerParams{
-			AttnNorm: t(i), Wq: t(i + 1), Wk: t(i + 2), Wv: t(i + 3), Wo: t(i + 4),
-			FFNNorm: t(i + 5), W1: t(i + 6), W2: t(i + 7), W3: t(i + 8),
-		}
-	}
-	n := len(layout)
-	p.Norm, p.Output = t(n-2), t(n-1)
-	return p
-}
-
-// layerActs are the activations of one block kept for the backward pass.
-type layerActs struct {
-	attnNorm, attnRstd backend.Tensor // RMSNorm output [BT, D] and 1/rms [BT]
-	q, k, v            backend.Tensor // projections after RoPE [BT, NH*HD], [BT, NKV*HD]
-	attn, lse          backend.Tensor // attention output [BT, NH*HD], log-sum-exp [B, NH, T]
-	mid                backend.Tensor // residual stream after attention [BT, D]
-	ffnNorm, ffnRstd   backend.Tensor
-	h1, h3, hs         backend.Tensor // w1·x, w3·x, silu(w1·x)*(w3·x) [BT, F]
-}
-
-// Options tunes memory use; the zero value is sensible.
-type Options struct {
-	// LogitChunk bounds how many vocabulary columns of logits exist at
-	// once (the cross-entropy is computed chunk by chunk and the output
-	// projection recomputed in the backward). 0 picks a chunk that keeps
-	// the logits under about 64 MiB, or the whole vocabulary if smaller.
-	LogitChunk int
-	// External makes New allocate no flat parameter and gradient
-	// buffers: Params and Grads stay empty and the caller binds every
-	// unit's parameters (and, for Backward, gradients) with BindUnit,
-	// typically from Hooks. Sharded data parallelism (FSDP) uses it.
-	External bool
-	// Checkpoint selects the activations recomputed in the backward pass
-	// instead of kept from the forward pass (zero value: none).
-	Checkpoint ActivationCheckpoint
-}
-
-// Unit is one unit of the flat layout that sharded data parallelism
-// gathers and reduces as a whole: elements [Lo, Hi) of the flat buffer.
-// Unit 0 is the token embedding, unit 1+l transformer layer l, and the
-// last unit (NLayers+1) the final norm with the output projection.
-type Unit struct{ Lo, Hi int }
-
-// Units returns the units of cfg's layout in flat-buffer order; they tile
-// the buffer.
-func (c Config) Units() []Unit {
-	layout := c.Layout()
-	us := make([]Unit, 0, c.NLayers+2)
-	us = append(us, Unit{0, layout[0].Size})
-	for l := 0; l < c.NLayers; l++ {
-		first, last := layout[1+9*l], layout[9+9*l]
-		us = append(us, Unit{first.Offset, last.Offset + last.Size})
-	}
-	n := len(layout)
-	us = append(us, Unit{layout[n-2].Offset, layout[n-1].Offset + layout[n-1].Size})
-	return us
-}
-
 // UnitHooks are called by Forward and Backward around the computation of
-// each unit (see Unit): BeforeForward(u) before the first use of unit u's
-// parameters in a forward pass and AfterForward(u) after the last one;
-// BeforeBackward(u) before unit u's parameters and gradients are used in
-// the backward pass and AfterBackward(u) once its gradients are complete
-// for this pass. Forward visits units in increasing order, Backward in
-// decreasing order. A hook's error aborts the pass and is returned.
+// each unit (see Units): BeforeForward(u) before the first use of unit
+// u's parameters in a forward pass and AfterForward(u) after the last
+// one; BeforeBackward(u) before unit u's parameters and gradients are
+// used in the backward pass and AfterBackward(u) once its gradients are
+// complete for this pass. Forward visits units in increasing order,
+// Backward in decreasing order. A hook's error aborts the pass and is
+// returned.
 //
 // With activation checkpointing, a layer's forward recomputation is part
 // of its backward: it runs after BeforeBackward, on the parameters bound
 // then, and no forward hook is called for it. The sequence is therefore
 // the same in every checkpointing mode.
+//
+// A split backward (BackwardInput, then BackwardWeight) calls
+// BeforeBackward/AfterBackward around each unit in BackwardInput, with
+// the unit's weight gradients still missing, and then, in
+// BackwardWeight, BeforeBackward/AfterBackward again around the deferred
+// weight-gradient products of each unit in decreasing order. Every
+// gradient element is written in exactly one of the two passes, so
+// summing both passes' gradients gives Backward's bit for bit.
 type UnitHooks interface {
 	BeforeForward(unit int) error
 	AfterForward(unit int) error
@@ -106,66 +50,81 @@ type UnitHooks interface {
 	AfterBackward(unit int) error
 }
 
-// Model is a Llama 3 model sized for batches of B sequences of T tokens.
-// Its parameters and gradients are single flat buffers (Params, Grads);
-// all activation memory is planned and allocated by New.
+// Model is one rank's part of a Llama 3 model (see Plan) sized for
+// batches of B sequences of T tokens. Its parameters and gradients are
+// flat buffers in LocalLayout order (Params, Grads); all activation
+// memory is planned and allocated by New.
 type Model struct {
-	Cfg  Config
+	Cfg Config // the whole model's shape
+	// B and T are the rows and the full sequence length of a batch; this
+	// rank holds T/CP tokens of each row.
 	B, T int
-
-	be           backend.Backend
-	Params       backend.Tensor // flat parameters
-	Grads        backend.Tensor // flat gradients, same layout
-	P, G         Params
-	chunk        int
-	cos, sin     backend.Tensor
-	tokens       backend.Tensor
-	targets      backend.Tensor
-	resid        []backend.Tensor // residual stream entering each layer, and after the last
-	layers       []layerActs
-	final, rstd  backend.Tensor
-	logits       backend.Tensor // [BT, chunk]
-	stats        backend.Tensor // cross-entropy running state [BT, 3]
-	losses       backend.Tensor // per-token loss [BT]
-	lossesHost   []float32
-	numTargets   int
-	haveTargets  bool
-	d            scratch
-	activationsN int
-	policy       []layerPolicy // per layer: what its forward keeps
-	scratchLayer int           // layer whose activations the shared scratch set holds; -1: none
-	recomputed   int           // layer recomputations so far (for tests)
-
+	Plan
+	// Spec is the part of the model this rank computes (the whole model
+	// without a pipeline stage).
+	Spec StageSpec
+	// Layout is this rank's flat buffer: its parameters, tp-sharded,
+	// of the layers of Spec.
+	Layout []ShardParam
+	// Params and Grads are the flat buffers (none with External); P and
+	// G view the bound parameters and gradients.
+	Params, Grads backend.Tensor
+	P, G          Params
 	// Hooks, when set, are called around every unit in Forward and
 	// Backward (nil: none, the single-process path).
 	Hooks UnitHooks
+
+	be     backend.Backend
+	units  []Unit
+	first  []int // index in Layout of each unit's first tensor
+	layers []layerActs
+	policy []layerPolicy // per layer: what its forward keeps
+
+	nLayers          int
+	hd, nh, nkv      int // head size, local heads
+	nq, nkvd, f      int // local widths
+	nv, v0, chunk    int // local vocabulary, its first id, logit chunk
+	cchunk, N, n     int // cp chunk, local tokens, sequence-parallel rows
+	cos, sin         backend.Tensor
+	ids, targets     backend.Tensor
+	foreign          []bool // token not in this rank's vocabulary shard
+	resid            []backend.Tensor
+	final, rstd      backend.Tensor // [n, D], [n]
+	xfin             backend.Tensor // final norm output, all rows [N, D]
+	logits, stats    backend.Tensor
+	losses           backend.Tensor
+	full, seq, dres  backend.Tensor // scratch [N, D], [n, D], [n, D]
+	dq, dk, dv       backend.Tensor
+	dqr, dkr, dat    backend.Tensor
+	dh1, dh3, dhs    backend.Tensor
+	rk, rv, rdk, rdv backend.Tensor // ring buffers [N, kv] (cp > 1)
+	tOut, tLse       backend.Tensor // one ring block's attention (cp > 1)
+	hN, hn, hLoss    []float32
+	numTargets       int
+	lossSum          float64
+	haveTargets      bool
+	activationsN     int
+	scratchLayer     int // layer whose activations the shared scratch set holds; -1: none
+	recomputed       int // layer recomputations so far (for tests)
+	// douts and pending are a split backward's kept output gradients and
+	// its deferred weight-gradient products, by unit (see BackwardInput).
+	douts   []layerDouts
+	pending [][]func()
 }
 
-// scratch are the activation gradients, reused layer after layer.
-type scratch struct {
-	resid, x   backend.Tensor // [BT, D]
-	q, k, v    backend.Tensor // gradients w.r.t. rotated q, k and v
-	qr, kr     backend.Tensor // gradients w.r.t. q, k before RoPE
-	attn       backend.Tensor // [BT, NH*HD]
-	h1, h3, hs backend.Tensor // [BT, F]
-}
-
-// New plans and allocates a model for batches of B×T tokens on be.
-// Parameters start at zero: call Init or load them.
-func New(be backend.Backend, cfg Config, B, T int, opt Options) (*Model, error) {
-	m, err := plan(cfg, B, T, opt)
+// New plans and allocates the part of a model given by plan for batches
+// of B rows of T tokens on be. Parameters start at zero: call Init or
+// load them.
+func New(be backend.Backend, cfg Config, B, T int, plan Plan) (*Model, error) {
+	m, err := planModel(cfg, B, T, plan)
 	if err != nil {
 		return nil, err
 	}
 	m.be = be
-	if opt.External {
-		m.P = Params{Layers: make([]LayerParams, cfg.NLayers)}
-		m.G = Params{Layers: make([]LayerParams, cfg.NLayers)}
-	} else {
-		n := int(cfg.NumParams())
-		m.Params = be.Alloc(backend.Float32, n)
-		m.Grads = be.Alloc(backend.Float32, n)
-		m.P, m.G = View(cfg, m.Params), View(cfg, m.Grads)
+	if !plan.External {
+		n := m.LocalSize()
+		m.Params, m.Grads = be.Alloc(backend.Float32, n), be.Alloc(backend.Float32, n)
+		m.Bind(m.Params, m.Grads)
 	}
 	acts := be.Alloc(backend.Float32, m.activationsN)
 	off := 0
@@ -174,32 +133,32 @@ func New(be backend.Backend, cfg Config, B, T int, opt Options) (*Model, error) 
 		off += n
 		return t
 	})
-
 	cos, sin := cfg.RoPETables(T)
-	m.cos = be.Alloc(backend.Float32, len(cos))
-	m.sin = be.Alloc(backend.Float32, len(sin))
+	m.cos, m.sin = be.Alloc(backend.Float32, len(cos)), be.Alloc(backend.Float32, len(sin))
 	be.Upload(m.cos, cos)
 	be.Upload(m.sin, sin)
-	m.tokens = be.Alloc(backend.Int32, B*T)
-	m.targets = be.Alloc(backend.Int32, B*T)
-	m.lossesHost = make([]float32, B*T)
+	m.ids = be.Alloc(backend.Int32, m.N)
+	m.targets = be.Alloc(backend.Int32, m.N)
+	m.hLoss = make([]float32, m.N)
+	if m.tp() > 1 {
+		m.hN, m.hn = make([]float32, m.N*cfg.Dim), make([]float32, m.n*cfg.Dim)
+	}
 	return m, nil
 }
 
 // ActivationBytesFor is the activation memory (bytes) that New plans for
-// a model of shape cfg with batches of B×T tokens and options opt,
-// computed without allocating it.
-func ActivationBytesFor(cfg Config, B, T int, opt Options) (int64, error) {
-	m, err := plan(cfg, B, T, opt)
+// plan with batches of B×T tokens, computed without allocating it.
+func ActivationBytesFor(cfg Config, B, T int, plan Plan) (int64, error) {
+	m, err := planModel(cfg, B, T, plan)
 	if err != nil {
 		return 0, err
 	}
 	return m.ActivationBytes(), nil
 }
 
-// plan checks the shapes and returns a model without buffers whose
-// logit chunk, checkpointing policy and activation size are set.
-func plan(cfg Config, B, T int, opt Options) (*Model, error) {
+// planModel checks the shapes and returns a model without buffers whose
+// dimensions, checkpointing policy and activation size are set.
+func planModel(cfg Config, B, T int, plan Plan) (*Model, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -209,20 +168,50 @@ func plan(cfg Config, B, T int, opt Options) (*Model, error) {
 	if T > cfg.MaxSeqLen {
 		return nil, fmt.Errorf("llama: sequence length %d exceeds the model's max_seq_len %d", T, cfg.MaxSeqLen)
 	}
-	m := &Model{Cfg: cfg, B: B, T: T, scratchLayer: -1}
-	var err error
-	if m.policy, err = opt.Checkpoint.policies(cfg.NLayers); err != nil {
+	tp, cp := plan.tp(), plan.cp()
+	if err := CheckParallel(cfg, T, tp, cp); err != nil {
 		return nil, err
 	}
-	BT, V := B*T, cfg.VocabSize
-	m.chunk = opt.LogitChunk
-	if m.chunk <= 0 {
-		m.chunk = max(1, min(V, (16<<20)/BT))
-		if V*BT <= 16<<20 {
-			m.chunk = V
-		}
+	if tp*cp > 1 && plan.Comm == nil {
+		return nil, fmt.Errorf("llama: tensor parallel %d × context parallel %d needs a ParallelComm", tp, cp)
 	}
-	m.chunk = min(m.chunk, V)
+	if plan.TPRank < 0 || plan.TPRank >= tp || plan.CPRank < 0 || plan.CPRank >= cp {
+		return nil, fmt.Errorf("llama: tp rank %d of %d, cp rank %d of %d out of range", plan.TPRank, tp, plan.CPRank, cp)
+	}
+	spec := whole(cfg)
+	if s := plan.Stage; s != nil {
+		if s.FirstLayer < 0 || s.NumLayers < 0 || s.FirstLayer+s.NumLayers > cfg.NLayers {
+			return nil, fmt.Errorf("llama: stage layers [%d, %d) outside the model's %d layers", s.FirstLayer, s.FirstLayer+s.NumLayers, cfg.NLayers)
+		}
+		spec = *s
+	}
+	m := &Model{Cfg: cfg, B: B, T: T, Plan: plan, Spec: spec, scratchLayer: -1, nLayers: spec.NumLayers}
+	m.Layout = cfg.LocalLayout(tp, spec)
+	m.units = LayoutUnits(m.Layout)
+	for i := 0; i < len(m.Layout); i += unitTensors(m.Layout, i) {
+		m.first = append(m.first, i)
+	}
+	m.P, m.G = Params{Layers: make([]LayerParams, spec.NumLayers)}, Params{Layers: make([]LayerParams, spec.NumLayers)}
+	var err error
+	if m.policy, err = plan.Checkpoint.policies(spec.NumLayers); err != nil {
+		return nil, err
+	}
+	m.hd = cfg.HeadDim()
+	m.nh, m.nkv = cfg.NHeads/tp, cfg.KVHeads()/tp
+	m.nq, m.nkvd, m.f = m.nh*m.hd, m.nkv*m.hd, cfg.FFNHidden()/tp
+	m.nv = cfg.VocabSize / tp
+	m.v0 = plan.TPRank * m.nv
+	m.cchunk = T / (2 * cp)
+	m.N = B * T / cp
+	m.n = m.N / tp
+	m.chunk = plan.LogitChunk
+	if m.chunk <= 0 {
+		m.chunk = max(1, (16<<20)/m.N)
+	}
+	m.chunk = min(m.chunk, m.nv)
+	if !spec.Head {
+		m.chunk = 1 // no logits: keep their buffer small
+	}
 	m.carve(func(n int) backend.Tensor {
 		m.activationsN += n
 		return backend.Tensor{}
@@ -233,52 +222,110 @@ func plan(cfg Config, B, T int, opt Options) (*Model, error) {
 // carve lays every activation view out in a fixed plan, taking each
 // from next in turn.
 func (m *Model) carve(next func(n int) backend.Tensor) {
-	cfg := m.Cfg
-	BT, D, F := m.B*m.T, cfg.Dim, cfg.FFNHidden()
-	Q, KV := cfg.NHeads*cfg.HeadDim(), cfg.KVHeads()*cfg.HeadDim()
-	m.planLayers(next)
-	m.resid = make([]backend.Tensor, cfg.NLayers+1)
+	N, n, D := m.N, m.n, m.Cfg.Dim
+	m.layers = make([]layerActs, m.nLayers)
+	planActs(m.policy, m.layers, m.actFields, next)
+	m.resid = make([]backend.Tensor, m.nLayers+1)
 	for l := range m.resid {
-		m.resid[l] = next(BT * D)
+		m.resid[l] = next(n * D)
 	}
-	m.final, m.rstd = next(BT*D), next(BT)
-	m.logits, m.stats, m.losses = next(BT*m.chunk), next(BT*3), next(BT)
-	d := &m.d
-	d.resid, d.x = next(BT*D), next(BT*D)
-	d.q, d.k, d.v, d.attn = next(BT*Q), next(BT*KV), next(BT*KV), next(BT*Q)
-	d.kr, d.qr = next(BT*KV), next(BT*Q)
-	d.h1, d.h3, d.hs = next(BT*F), next(BT*F), next(BT*F)
+	m.final, m.rstd = next(n*D), next(n)
+	m.xfin = m.final
+	if m.tp() > 1 {
+		m.xfin, m.seq = next(N*D), next(n*D)
+	}
+	m.logits, m.stats, m.losses = next(N*m.chunk), next(N*3), next(N)
+	m.full, m.dres = next(N*D), next(n*D)
+	m.dq, m.dk, m.dv, m.dat = next(N*m.nq), next(N*m.nkvd), next(N*m.nkvd), next(N*m.nq)
+	m.dqr, m.dkr = next(N*m.nq), next(N*m.nkvd)
+	m.dh1, m.dh3, m.dhs = next(N*m.f), next(N*m.f), next(N*m.f)
+	if m.cp() > 1 {
+		m.rk, m.rv, m.rdk, m.rdv = next(N*m.nkvd), next(N*m.nkvd), next(N*m.nkvd), next(N*m.nkvd)
+		m.tOut, m.tLse = next(m.cchunk*m.nq), next(m.nh*m.cchunk)
+	}
+}
+
+// Backend is the backend the model runs on.
+func (m *Model) Backend() backend.Backend { return m.be }
+
+// LocalSize is the number of elements of this rank's flat buffer.
+func (m *Model) LocalSize() int {
+	last := m.Layout[len(m.Layout)-1]
+	return last.LocalOffset + last.LocalSize
+}
+
+// Units returns the units of this rank's flat buffer in order (see
+// Unit); they tile it.
+func (m *Model) Units() []Unit { return m.units }
+
+// Bind lays the parameter and gradient views over params and grads,
+// both holding this rank's whole flat buffer (LocalSize elements).
+// Several models of the same stage (one per microbatch in flight) may
+// share them; Params and Grads become them. A tensor with nil Mem leaves
+// those views as they are.
+func (m *Model) Bind(params, grads backend.Tensor) {
+	if params.Mem != nil {
+		m.Params = params
+		viewAll(&m.P, m.Layout, params)
+	}
+	if grads.Mem != nil {
+		m.Grads = grads
+		viewAll(&m.G, m.Layout, grads)
+	}
 }
 
 // BindUnit lays unit u's parameter views over params and its gradient
-// views over grads, both holding the unit's elements (Units()[u], in
-// layout order). A tensor with nil Mem leaves those views as they are.
+// views over grads, both holding the unit's elements (Units()[u]). A
+// tensor with nil Mem leaves those views as they are.
 func (m *Model) BindUnit(u int, params, grads backend.Tensor) {
-	bindUnit(m.Cfg, &m.P, u, params)
-	bindUnit(m.Cfg, &m.G, u, grads)
+	layer := u
+	if m.Spec.Embedding {
+		layer--
+	}
+	if params.Mem != nil {
+		bindUnit(&m.P, m.Layout, m.first[u], layer, params)
+	}
+	if grads.Mem != nil {
+		bindUnit(&m.G, m.Layout, m.first[u], layer, grads)
+	}
 }
 
-func bindUnit(cfg Config, p *Params, u int, buf backend.Tensor) {
-	if buf.Mem == nil {
-		return
-	}
-	layout := cfg.Layout()
-	base := cfg.Units()[u].Lo
-	t := func(i int) backend.Tensor { return buf.Slice(layout[i].Offset-base, layout[i].Size) }
-	switch {
-	case u == 0:
-		p.Embedding = t(0)
-	case u <= cfg.NLayers:
-		i := 1 + 9*(u-1)
-		p.Layers[u-1] = LayerParams{
-			AttnNorm: t(i), Wq: t(i + 1), Wk: t(i + 2), Wv: t(i + 3), Wo: t(i + 4),
-			FFNNorm: t(i + 5), W1: t(i + 6), W2: t(i + 7), W3: t(i + 8),
+// Replicated returns the ranges of this rank's flat buffer whose
+// parameters every tp rank holds whole (the norms). Their gradients are
+// partial sums over each rank's sequence rows: the caller sums them over
+// the tp group, and counts them once in the gradient norm.
+func (m *Model) Replicated() []Unit {
+	var rs []Unit
+	for _, p := range m.Layout {
+		if p.Kind == Replicated {
+			rs = append(rs, Unit{p.LocalOffset, p.LocalOffset + p.LocalSize})
 		}
-	default:
-		n := len(layout)
-		p.Norm, p.Output = t(n-2), t(n-1)
 	}
+	return rs
 }
+
+// ActivationBytes is the size of the planned activation memory: every
+// layer's kept activations, the shared scratch set of the recomputed ones
+// (see ActivationCheckpoint), the residual streams, the logits chunk and
+// the activation gradients, and the output gradients a split backward
+// keeps once one ran.
+func (m *Model) ActivationBytes() int64 {
+	n := int64(m.activationsN)
+	for _, o := range m.douts {
+		n += int64(o.ffnOut.Len + o.h1.Len + o.h3.Len + o.attnOut.Len + o.qr.Len + o.kr.Len + o.v.Len)
+	}
+	return n * 4
+}
+
+// unit indices of the embedding, of local layer l and of the head.
+func (m *Model) embUnit() int { return 0 }
+func (m *Model) layerUnit(l int) int {
+	if m.Spec.Embedding {
+		return 1 + l
+	}
+	return l
+}
+func (m *Model) headUnit() int { return len(m.units) - 1 }
 
 // hook runs one of the unit hooks when Hooks is set.
 func (m *Model) hook(call func(UnitHooks, int) error, u int) error {
@@ -297,12 +344,6 @@ var (
 	beforeBackward = UnitHooks.BeforeBackward
 	afterBackward  = UnitHooks.AfterBackward
 )
-
-// ActivationBytes is the size of the planned activation memory: every
-// layer's kept activations, the shared scratch set of the recomputed ones
-// (see ActivationCheckpoint), the residual streams, the logits chunk and
-// the activation gradients.
-func (m *Model) ActivationBytes() int64 { return int64(m.activationsN) * 4 }
 
 // linear computes out[N, out] = inp[N, in] · w[out, in]^T (+ out when accumulate).
 func linear(be backend.Backend, out, inp, w backend.Tensor, N, in, outDim int, accumulate bool) {
@@ -324,48 +365,60 @@ func linearBackward(be backend.Backend, dinp, dw, dout, inp, w backend.Tensor, N
 	be.Gemm(true, false, outDim, in, N, 1, dout, outDim, inp, in, 1, dw, in)
 }
 
-// Forward runs the model on tokens [B*T] and, when targets is non-nil,
-// returns the mean cross-entropy over the targets that are >= 0 (targets
-// < 0 are ignored). Activations are kept for Backward, except those that
-// Options.Checkpoint has it recompute.
+// Forward runs the model on this rank's tokens [B × T/CP] (per row the
+// head chunk then the tail chunk under context parallelism, see CPSlice)
+// and, when targets is non-nil and the model has the head, returns the
+// mean cross-entropy over its targets >= 0 (targets < 0 are ignored).
+// Every tp rank of a group passes the same tokens. A pipeline stage
+// without the embedding reads its input from Input(); one without the
+// head leaves its output in Output() and returns 0. Activations are kept
+// for Backward, except those that Plan.Checkpoint has it recompute.
 func (m *Model) Forward(tokens, targets []int32) (float32, error) {
 	cfg, be := m.Cfg, m.be
-	BT, D := m.B*m.T, cfg.Dim
-	if len(tokens) != BT || (targets != nil && len(targets) != BT) {
-		return 0, fmt.Errorf("llama: forward needs %d tokens and targets, got %d and %d", BT, len(tokens), len(targets))
-	}
-	for i, t := range tokens {
-		if t < 0 || int(t) >= cfg.VocabSize {
-			return 0, fmt.Errorf("llama: token %d at position %d is outside the vocabulary [0, %d)", t, i, cfg.VocabSize)
+	N, D := m.N, cfg.Dim
+	m.haveTargets, m.lossSum = false, 0
+	if m.Spec.Embedding {
+		if len(tokens) != N {
+			return 0, fmt.Errorf("llama: forward needs %d tokens, got %d", N, len(tokens))
+		}
+		if err := m.uploadTokens(tokens); err != nil {
+			return 0, err
+		}
+		if err := m.hook(beforeForward, m.embUnit()); err != nil {
+			return 0, err
+		}
+		if err := m.embed(); err != nil {
+			return 0, err
+		}
+		if err := m.hook(afterForward, m.embUnit()); err != nil {
+			return 0, err
 		}
 	}
-	be.Upload(m.tokens, tokens)
-	if err := m.hook(beforeForward, 0); err != nil {
-		return 0, err
-	}
-	be.EmbeddingForward(m.resid[0], m.P.Embedding, m.tokens, BT, D)
-	if err := m.hook(afterForward, 0); err != nil {
-		return 0, err
-	}
 	for l := range m.layers {
-		if err := m.hook(beforeForward, 1+l); err != nil {
+		if err := m.hook(beforeForward, m.layerUnit(l)); err != nil {
 			return 0, err
 		}
 		shared := m.policy[l] != keepAll
 		if shared {
 			m.scratchLayer = -1
 		}
-		m.layerForward(l, true)
+		if err := m.layerForward(l, true); err != nil {
+			return 0, err
+		}
 		if shared {
 			m.scratchLayer = l
 		}
-		if err := m.hook(afterForward, 1+l); err != nil {
+		if err := m.hook(afterForward, m.layerUnit(l)); err != nil {
 			return 0, err
 		}
 	}
-	last := cfg.NLayers + 1
-	m.haveTargets = false
+	if !m.Spec.Head {
+		return 0, nil
+	}
 	if targets != nil {
+		if len(targets) != N {
+			return 0, fmt.Errorf("llama: forward needs %d targets, got %d", N, len(targets))
+		}
 		m.numTargets = 0
 		for _, t := range targets {
 			if int(t) >= cfg.VocabSize {
@@ -376,151 +429,401 @@ func (m *Model) Forward(tokens, targets []int32) (float32, error) {
 			}
 		}
 	}
-	if err := m.hook(beforeForward, last); err != nil {
+	u := m.headUnit()
+	if err := m.hook(beforeForward, u); err != nil {
 		return 0, err
 	}
-	be.RMSNormForward(m.final, m.rstd, m.resid[cfg.NLayers], m.P.Norm, BT, D, float32(cfg.NormEps))
+	if err := m.normGather(m.xfin, m.rstd, m.final, m.resid[m.nLayers], m.P.Norm); err != nil {
+		return 0, err
+	}
 	if targets == nil {
-		if m.chunk == cfg.VocabSize {
-			linear(be, m.logits, m.final, m.P.Output, BT, D, m.chunk, false)
+		if m.chunk == m.nv {
+			linear(be, m.logits, m.xfin, m.P.Output, N, D, m.nv, false)
 		}
-		return 0, m.hook(afterForward, last)
+		return 0, m.hook(afterForward, u)
 	}
 	be.Upload(m.targets, targets)
-	be.CrossEntropyReset(m.stats, BT)
-	m.forEachChunk(func(logits backend.Tensor, v0, nv int) {
-		be.CrossEntropyChunk(m.stats, logits, m.targets, BT, nv, v0)
+	be.CrossEntropyReset(m.stats, N)
+	m.forEachChunk(func(logits backend.Tensor, off, nc int) {
+		be.CrossEntropyChunk(m.stats, logits, m.targets, N, nc, m.v0+off)
 	})
-	if err := m.hook(afterForward, last); err != nil {
+	if m.tp() > 1 {
+		if err := m.combineStats(targets); err != nil {
+			return 0, err
+		}
+	}
+	if err := m.hook(afterForward, u); err != nil {
 		return 0, err
 	}
 	m.haveTargets = true
-	be.CrossEntropyLoss(m.losses, m.stats, m.targets, BT)
-	be.Download(m.lossesHost, m.losses)
+	be.CrossEntropyLoss(m.losses, m.stats, m.targets, N)
+	be.Download(m.hLoss, m.losses)
 	var sum float64
-	for _, l := range m.lossesHost {
+	for _, l := range m.hLoss {
 		sum += float64(l)
 	}
+	m.lossSum = sum
 	if m.numTargets == 0 {
 		return 0, nil
 	}
 	return float32(sum / float64(m.numTargets)), nil
 }
 
-// forEachChunk computes the logits of each vocabulary chunk into m.logits
-// and calls fn on them. With a single chunk the logits are computed once
-// and reused.
-func (m *Model) forEachChunk(fn func(logits backend.Tensor, v0, nv int)) {
-	BT, D, V := m.B*m.T, m.Cfg.Dim, m.Cfg.VocabSize
-	for v0 := 0; v0 < V; v0 += m.chunk {
-		nv := min(m.chunk, V-v0)
-		logits := m.logits.Slice(0, BT*nv)
-		linear(m.be, logits, m.final, m.P.Output.Slice(v0*D, nv*D), BT, D, nv, false)
-		fn(logits, v0, nv)
+// uploadTokens checks the tokens and uploads this rank's vocabulary ids
+// of them (under tensor parallelism, tokens outside its vocabulary shard
+// are marked foreign and looked up as id 0, then masked).
+func (m *Model) uploadTokens(tokens []int32) error {
+	V := m.Cfg.VocabSize
+	for i, t := range tokens {
+		if t < 0 || int(t) >= V {
+			return fmt.Errorf("llama: token %d at position %d is outside the vocabulary [0, %d)", t, i, V)
+		}
+	}
+	if m.tp() == 1 {
+		m.be.Upload(m.ids, tokens)
+		return nil
+	}
+	ids := make([]int32, len(tokens))
+	m.foreign = make([]bool, len(tokens))
+	for i, t := range tokens {
+		if int(t) >= m.v0 && int(t) < m.v0+m.nv {
+			ids[i] = t - int32(m.v0)
+		} else {
+			m.foreign[i] = true
+		}
+	}
+	m.be.Upload(m.ids, ids)
+	return nil
+}
+
+// embed looks the tokens up into the residual stream resid[0]. Under
+// tensor parallelism each rank looks up its vocabulary rows and the sum
+// over the tp ranks is reduce-scattered along the sequence.
+func (m *Model) embed() error {
+	be, N, D := m.be, m.N, m.Cfg.Dim
+	if m.tp() == 1 {
+		be.EmbeddingForward(m.resid[0], m.P.Embedding, m.ids, N, D)
+		return nil
+	}
+	be.EmbeddingForward(m.full, m.P.Embedding, m.ids, N, D)
+	be.Download(m.hN, m.full)
+	m.maskForeign(m.hN)
+	if err := m.c().ReduceScatterSeq(m.hN, m.hn); err != nil {
+		return fmt.Errorf("llama: embedding reduce-scatter: %w", err)
+	}
+	be.Upload(m.resid[0], m.hn)
+	return nil
+}
+
+// c is the parallel comm.
+func (m *Model) c() ParallelComm { return m.Comm }
+
+// forEachChunk computes the logits of each chunk of this rank's
+// vocabulary (columns off..off+nc of it) and calls fn on them.
+func (m *Model) forEachChunk(fn func(logits backend.Tensor, off, nc int)) {
+	N, D := m.N, m.Cfg.Dim
+	for off := 0; off < m.nv; off += m.chunk {
+		nc := min(m.chunk, m.nv-off)
+		logits := m.logits.Slice(0, N*nc)
+		linear(m.be, logits, m.xfin, m.P.Output.Slice(off*D, nc*D), N, D, nc, false)
+		fn(logits, off, nc)
 	}
 }
 
-// NumTargets is the number of targets (>= 0) of the last Forward.
+// maskForeign zeroes the rows [N, D] of tokens outside this rank's
+// vocabulary shard.
+func (m *Model) maskForeign(x []float32) {
+	D := m.Cfg.Dim
+	for i, f := range m.foreign {
+		if f {
+			clear(x[i*D : (i+1)*D])
+		}
+	}
+}
+
+// combineStats turns the per-shard cross-entropy statistics into those of
+// the whole vocabulary (loss parallel): the global row maximum, the sum
+// of the exponentials rescaled to it, and the target logit from the shard
+// that holds it.
+func (m *Model) combineStats(targets []int32) error {
+	N := m.N
+	st := make([]float32, 3*N)
+	m.be.Download(st, m.stats)
+	mx, sum, tg := make([]float32, N), make([]float32, N), make([]float32, N)
+	for i := range N {
+		mx[i] = st[3*i]
+	}
+	if err := m.c().AllReduceTP(mx, true); err != nil {
+		return fmt.Errorf("llama: loss parallel: %w", err)
+	}
+	for i := range N {
+		if targets[i] < 0 {
+			continue
+		}
+		sum[i] = float32(float64(st[3*i+1]) * math.Exp(float64(st[3*i])-float64(mx[i])))
+		if t := st[3*i+2]; !math.IsNaN(float64(t)) {
+			tg[i] = t
+		}
+	}
+	if err := m.c().AllReduceTP(sum, false); err != nil {
+		return fmt.Errorf("llama: loss parallel: %w", err)
+	}
+	if err := m.c().AllReduceTP(tg, false); err != nil {
+		return fmt.Errorf("llama: loss parallel: %w", err)
+	}
+	for i := range N {
+		if targets[i] >= 0 {
+			st[3*i], st[3*i+1], st[3*i+2] = mx[i], sum[i], tg[i]
+		}
+	}
+	m.be.Upload(m.stats, st)
+	return nil
+}
+
+// NumTargets is the number of this rank's targets (>= 0) of the last
+// Forward.
 func (m *Model) NumTargets() int { return m.numTargets }
 
-// Logits copies the logits [B*T, V] of the last Forward into dst. It is
-// available only when the whole vocabulary fits one chunk.
+// LossSum is the sum of the per-token losses of the last Forward with
+// targets (0 on a stage without the head).
+func (m *Model) LossSum() float64 { return m.lossSum }
+
+// Logits copies the logits [N, V] of the last Forward into dst. It is
+// available on one tp rank only, when its whole vocabulary fits one chunk.
 func (m *Model) Logits(dst []float32) error {
 	if m.chunk != m.Cfg.VocabSize {
-		return fmt.Errorf("llama: logits are chunked (%d of %d columns); set Options.LogitChunk to the vocabulary size", m.chunk, m.Cfg.VocabSize)
+		return fmt.Errorf("llama: logits are chunked (%d of %d columns); set Plan.LogitChunk to the vocabulary size", m.chunk, m.Cfg.VocabSize)
 	}
 	m.be.Download(dst, m.logits)
 	return nil
 }
 
-// ZeroGrad clears the gradient buffer (none with Options.External).
+// ZeroGrad clears the gradient buffer (none with External).
 func (m *Model) ZeroGrad() {
 	if m.Grads.Mem != nil {
 		m.be.Zero(m.Grads)
 	}
 }
 
-// Backward accumulates into Grads the gradient of lossScale × (sum of the
-// per-token losses of the last Forward). lossScale = 1/NumTargets() gives
-// the gradient of the mean loss; gradient accumulation over microbatches
-// passes 1/(targets in the whole global batch).
-func (m *Model) Backward(lossScale float32) error {
-	if !m.haveTargets {
-		return fmt.Errorf("llama: backward needs a forward pass with targets")
-	}
-	cfg, be := m.Cfg, m.be
-	B, T := m.B, m.T
-	BT, D, F := B*T, cfg.Dim, cfg.FFNHidden()
-	H, KVH, HD := cfg.NHeads, cfg.KVHeads(), cfg.HeadDim()
-	Q, KV := H*HD, KVH*HD
-	d := &m.d
-	dims := backend.AttentionDims{B: B, Tq: T, Tk: T, NH: H, NKV: KVH, HD: HD}
+// Input is the buffer [n, Dim] of this rank's sequence-parallel rows
+// that a pipeline stage without the embedding reads its input hidden
+// states from; the caller fills it before Forward.
+func (m *Model) Input() backend.Tensor { return m.resid[0] }
 
-	last := cfg.NLayers + 1
-	if err := m.hook(beforeBackward, last); err != nil {
-		return err
+// Output is a stage's output hidden states (this rank's rows) after
+// Forward, for a stage without the head.
+func (m *Model) Output() backend.Tensor { return m.resid[m.nLayers] }
+
+// GradOutput is the buffer [n, Dim] of a stage without the head that the
+// caller fills with the gradient with respect to Output() right before
+// Backward (it is scratch shared by every pass of the model).
+func (m *Model) GradOutput() backend.Tensor { return m.dres }
+
+// GradInput is the gradient with respect to the stage's input hidden
+// states after Backward (for a stage without the embedding); the next
+// pass overwrites it.
+func (m *Model) GradInput() backend.Tensor { return m.dres }
+
+// Backward accumulates into the gradients this rank's part of the
+// gradient of lossScale × (sum of the per-token losses of the last
+// Forward). lossScale = 1/NumTargets() gives the gradient of the mean
+// loss; gradient accumulation over microbatches passes 1/(targets in the
+// whole global batch). A stage without the head back-propagates the
+// gradient the caller left in GradOutput(). Under tensor parallelism the
+// replicated (norm) gradients are this rank's partial sums (see
+// Replicated).
+func (m *Model) Backward(lossScale float32) error { return m.backward(lossScale, false) }
+
+// CanSplit reports whether BackwardInput defers the weight gradients of
+// the linear layers to BackwardWeight: only when every activation is kept
+// (no activation checkpointing), since the deferred products read the
+// layer inputs after later layers' backward passes ran.
+func (m *Model) CanSplit() bool {
+	return !hasPolicy(m.policy, recomputeLayer) && !hasPolicy(m.policy, recomputeOps)
+}
+
+// BackwardInput is the first half of a split Backward, the "B" of
+// zero-bubble schedules: it computes the gradient with respect to the
+// input and every gradient except the weight gradients of the linear
+// layers (and, with a single logit chunk, of the output projection),
+// which BackwardWeight computes. It keeps the output gradients of those
+// layers until then: per layer 2·Dim + 2·FFN + (heads + 2·kv heads)·HeadDim
+// floats per local token. When !CanSplit() it runs the whole Backward and
+// BackwardWeight does nothing.
+func (m *Model) BackwardInput(lossScale float32) error {
+	return m.backward(lossScale, m.CanSplit())
+}
+
+// ReserveSplit allocates the memory a split backward keeps (see
+// BackwardInput) ahead of the first one, when CanSplit.
+func (m *Model) ReserveSplit() {
+	if m.douts != nil || !m.CanSplit() {
+		return
 	}
-	// Output projection and loss, chunk by chunk: d.x = dL/d(final norm output).
-	be.Zero(d.x)
-	single := m.chunk == cfg.VocabSize
-	for v0 := 0; v0 < cfg.VocabSize; v0 += m.chunk {
-		nv := min(m.chunk, cfg.VocabSize-v0)
-		logits := m.logits.Slice(0, BT*nv)
-		w, dw := m.P.Output.Slice(v0*D, nv*D), m.G.Output.Slice(v0*D, nv*D)
-		if !single {
-			linear(be, logits, m.final, w, BT, D, nv, false)
+	be, N, D := m.be, m.N, m.Cfg.Dim
+	a := func(k int) backend.Tensor { return be.Alloc(backend.Float32, k) }
+	m.douts = make([]layerDouts, m.nLayers)
+	for l := range m.douts {
+		m.douts[l] = layerDouts{
+			ffnOut: a(N * D), h1: a(N * m.f), h3: a(N * m.f),
+			attnOut: a(N * D), qr: a(N * m.nq), kr: a(N * m.nkvd), v: a(N * m.nkvd),
 		}
-		be.CrossEntropyChunkBackward(logits, m.stats, m.targets, BT, nv, v0, lossScale)
-		linearBackward(be, d.x, dw, logits, m.final, w, BT, D, nv, false)
 	}
-	if single {
+}
+
+// BackwardWeight is the second half of a split Backward, the "W" of
+// zero-bubble schedules: it accumulates the weight gradients that
+// BackwardInput deferred, unit by unit in decreasing order, with the unit
+// hooks around each.
+func (m *Model) BackwardWeight() error {
+	for u := len(m.pending) - 1; u >= 0; u-- {
+		if len(m.pending[u]) == 0 {
+			continue
+		}
+		if err := m.hook(beforeBackward, u); err != nil {
+			return err
+		}
+		for _, f := range m.pending[u] {
+			f()
+		}
+		m.pending[u] = m.pending[u][:0]
+		if err := m.hook(afterBackward, u); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// layerDouts are one layer's output gradients of the linear layers that a
+// split backward keeps for BackwardWeight.
+type layerDouts struct {
+	ffnOut, h1, h3, attnOut, qr, kr, v backend.Tensor
+}
+
+// backward is Backward, with the weight-gradient products of the linear
+// layers deferred to BackwardWeight when split is set.
+func (m *Model) backward(lossScale float32, split bool) error {
+	for _, p := range m.pending {
+		if len(p) != 0 {
+			return fmt.Errorf("llama: backward before the weight gradients of the previous one")
+		}
+	}
+	if split {
+		m.ReserveSplit()
+		if m.pending == nil {
+			m.pending = make([][]func(), len(m.units))
+		}
+	}
+	be, N, D := m.be, m.N, m.Cfg.Dim
+	if m.Spec.Head {
+		if !m.haveTargets {
+			return fmt.Errorf("llama: backward needs a forward pass with targets")
+		}
+		u := m.headUnit()
+		if err := m.hook(beforeBackward, u); err != nil {
+			return err
+		}
+		// Output projection and loss, chunk by chunk: full = dL/dxfin.
+		be.Zero(m.full)
+		single := m.chunk == m.nv
+		for off := 0; off < m.nv; off += m.chunk {
+			nc := min(m.chunk, m.nv-off)
+			logits := m.logits.Slice(0, N*nc)
+			w := m.P.Output.Slice(off*D, nc*D)
+			if !single {
+				linear(be, logits, m.xfin, w, N, D, nc, false)
+			}
+			be.CrossEntropyChunkBackward(logits, m.stats, m.targets, N, nc, m.v0+off, lossScale)
+			be.Gemm(false, false, N, D, nc, 1, logits, nc, w, D, 1, m.full, D)
+			// The logits gradient outlives this loop only with one chunk.
+			m.weightGrad(u, split && single, func() backend.Tensor { return m.G.Output.Slice(off*D, nc*D) }, logits, m.xfin, N, D, nc)
+		}
 		// The logits buffer now holds gradients; the forward's logits are gone.
 		m.haveTargets = false
-	}
-	be.Zero(d.resid)
-	be.RMSNormBackward(d.resid, m.G.Norm, d.x, m.resid[cfg.NLayers], m.P.Norm, m.rstd, BT, D)
-	if err := m.hook(afterBackward, last); err != nil {
-		return err
-	}
-
-	for l := cfg.NLayers - 1; l >= 0; l-- {
-		if err := m.hook(beforeBackward, 1+l); err != nil {
+		be.Zero(m.dres)
+		if err := m.normBackward(m.dres, m.G.Norm, m.full, m.resid[m.nLayers], m.P.Norm, m.rstd); err != nil {
 			return err
 		}
-		m.restore(l)
-		a, p, g := &m.layers[l], &m.P.Layers[l], &m.G.Layers[l]
-		// Feed-forward: resid[l+1] = mid + w2(silu(w1 x) * w3 x), x = norm(mid).
-		linearBackward(be, d.hs, g.W2, d.resid, a.hs, p.W2, BT, F, D, true)
-		be.Zero(d.h1)
-		be.Zero(d.h3)
-		be.SwiGLUBackward(d.h1, d.h3, d.hs, a.h1, a.h3, BT*F)
-		linearBackward(be, d.x, g.W1, d.h1, a.ffnNorm, p.W1, BT, D, F, true)
-		linearBackward(be, d.x, g.W3, d.h3, a.ffnNorm, p.W3, BT, D, F, false)
-		be.RMSNormBackward(d.resid, g.FFNNorm, d.x, a.mid, p.FFNNorm, a.ffnRstd, BT, D)
-
-		// Attention: mid = resid[l] + wo(attn(rope(wq x), rope(wk x), wv x)), x = norm(resid[l]).
-		linearBackward(be, d.attn, g.Wo, d.resid, a.attn, p.Wo, BT, Q, D, true)
-		be.Zero(d.q)
-		be.Zero(d.k)
-		be.Zero(d.v)
-		be.AttentionBackward(d.q, d.k, d.v, d.attn, a.q, a.k, a.v, a.attn, a.lse, dims)
-		be.Zero(d.qr)
-		be.Zero(d.kr)
-		be.RoPEBackward(d.qr, d.q, m.cos, m.sin, B, T, H, HD)
-		be.RoPEBackward(d.kr, d.k, m.cos, m.sin, B, T, KVH, HD)
-		linearBackward(be, d.x, g.Wq, d.qr, a.attnNorm, p.Wq, BT, D, Q, true)
-		linearBackward(be, d.x, g.Wk, d.kr, a.attnNorm, p.Wk, BT, D, KV, false)
-		linearBackward(be, d.x, g.Wv, d.v, a.attnNorm, p.Wv, BT, D, KV, false)
-		be.RMSNormBackward(d.resid, g.AttnNorm, d.x, m.resid[l], p.AttnNorm, a.attnRstd, BT, D)
-		if err := m.hook(afterBackward, 1+l); err != nil {
+		if err := m.hook(afterBackward, u); err != nil {
 			return err
 		}
 	}
-	if err := m.hook(beforeBackward, 0); err != nil {
+	for l := m.nLayers - 1; l >= 0; l-- {
+		u := m.layerUnit(l)
+		if err := m.hook(beforeBackward, u); err != nil {
+			return err
+		}
+		if err := m.restore(l); err != nil {
+			return err
+		}
+		if err := m.layerBackward(l, u, split); err != nil {
+			return err
+		}
+		if err := m.hook(afterBackward, u); err != nil {
+			return err
+		}
+	}
+	if !m.Spec.Embedding {
+		return nil
+	}
+	if err := m.hook(beforeBackward, m.embUnit()); err != nil {
 		return err
 	}
-	be.EmbeddingBackward(m.G.Embedding, d.resid, m.tokens, BT, D)
-	return m.hook(afterBackward, 0)
+	dx := m.dres
+	if m.tp() > 1 {
+		if err := m.gather(m.full, m.dres); err != nil {
+			return err
+		}
+		be.Download(m.hN, m.full)
+		m.maskForeign(m.hN)
+		be.Upload(m.full, m.hN)
+		dx = m.full
+	}
+	be.EmbeddingBackward(m.G.Embedding, dx, m.ids, N, D)
+	return m.hook(afterBackward, m.embUnit())
+}
+
+// weightGrad accumulates dw += dout^T·inp (dout [N, out], inp [N, in])
+// for unit u now, or, when deferred, in BackwardWeight; dw is looked up
+// when the product runs, on the gradients bound then.
+func (m *Model) weightGrad(u int, deferred bool, dw func() backend.Tensor, dout, inp backend.Tensor, N, in, outDim int) {
+	be := m.be
+	run := func() { be.Gemm(true, false, outDim, in, N, 1, dout, outDim, inp, in, 1, dw(), in) }
+	if deferred {
+		m.pending[u] = append(m.pending[u], run)
+		return
+	}
+	run()
+}
+
+// Init fills this rank's parameters with exactly the values a whole-model
+// initialisation gives those elements (see InitParams).
+func (m *Model) Init(seed uint64) {
+	if m.Params.Mem == nil {
+		return // External: the caller initialises its buffers
+	}
+	host := make([]float32, m.Params.Len)
+	m.InitLocal(seed, host, 0)
+	m.be.Upload(m.Params, host)
+}
+
+// InitLocal writes the initial values of this rank's flat-buffer
+// elements [offset, offset+len(dst)) into dst.
+func (m *Model) InitLocal(seed uint64, dst []float32, offset int) {
+	tp := m.tp()
+	end := offset + len(dst)
+	for _, p := range m.Layout {
+		lo, hi := max(offset, p.LocalOffset), min(end, p.LocalOffset+p.LocalSize)
+		if lo >= hi {
+			continue
+		}
+		shard := make([]float32, p.LocalSize)
+		ReadShard(p, tp, m.TPRank, shard, func(lo int, d []float32) error {
+			InitParams(m.Cfg, seed, d, p.Offset+lo)
+			return nil
+		})
+		copy(dst[lo-offset:hi-offset], shard[lo-p.LocalOffset:hi-p.LocalOffset])
+	}
 }
 
 // Init fills the parameters the way torchtitan initialises Llama 3:
@@ -530,17 +833,9 @@ func (m *Model) Backward(lossScale float32) error {
 // seed, the parameter's name and the element's index, so any shard of
 // the model can be initialised on its own and equals the same slice of
 // a whole-model initialisation.
-func (m *Model) Init(seed uint64) {
-	if m.Params.Mem == nil {
-		return // External: the caller initialises its buffers
-	}
-	host := make([]float32, m.Params.Len)
-	InitParams(m.Cfg, seed, host, 0)
-	m.be.Upload(m.Params, host)
-}
-
-// InitParams writes the initial values of the flat-buffer elements
-// [offset, offset+len(dst)) into dst.
+//
+// InitParams writes the initial values of the whole model's flat-buffer
+// elements [offset, offset+len(dst)) into dst.
 func InitParams(cfg Config, seed uint64, dst []float32, offset int) {
 	end := offset + len(dst)
 	for _, p := range cfg.Layout() {

@@ -93,7 +93,7 @@ func TestPyTorchParity(t *testing.T) {
 
 	for _, chunk := range []int{cfg.VocabSize, 7} {
 		be := cpu.New(2)
-		m, err := New(be, cfg, ref.Config.Batch, ref.Config.SeqLen, Options{LogitChunk: chunk})
+		m, err := New(be, cfg, ref.Config.Batch, ref.Config.SeqLen, Plan{LogitChunk: chunk})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -161,7 +161,7 @@ func TestModelGradientFiniteDifferences(t *testing.T) {
 	be := cpu.New(1)
 	defer be.Close()
 	B, T := 2, 8
-	m, err := New(be, cfg, B, T, Options{})
+	m, err := New(be, cfg, B, T, Plan{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,14 +230,14 @@ func TestForwardRejectsBadTokens(t *testing.T) {
 	cfg, _ := Flavor("tiny")
 	be := cpu.New(1)
 	defer be.Close()
-	m, _ := New(be, cfg, 1, 4, Options{})
+	m, _ := New(be, cfg, 1, 4, Plan{})
 	if _, err := m.Forward([]int32{0, 1, 2, 64}, nil); err == nil {
 		t.Error("token == vocab size must be refused")
 	}
 	if _, err := m.Forward([]int32{0, 1}, nil); err == nil {
 		t.Error("wrong token count must be refused")
 	}
-	if _, err := New(be, cfg, 1, cfg.MaxSeqLen+1, Options{}); err == nil {
+	if _, err := New(be, cfg, 1, cfg.MaxSeqLen+1, Plan{}); err == nil {
 		t.Error("seq_len beyond max_seq_len must be refused")
 	}
 }

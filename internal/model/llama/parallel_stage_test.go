@@ -24,7 +24,7 @@ func TestStageShardRange(t *testing.T) {
 			if lo != next {
 				t.Errorf("tp %d stage %+v starts at %d, want %d", tp, s, lo, next)
 			}
-			for _, p := range s.ShardLayout(cfg, tp) {
+			for _, p := range cfg.LocalLayout(tp, s) {
 				w := lay[idx]
 				if p.Name != w.Name || p.LocalOffset+lo != w.LocalOffset || p.LocalSize != w.LocalSize {
 					t.Errorf("tp %d stage %+v: parameter %s at %d+%d, whole layout %s at %d", tp, s, p.Name, lo, p.LocalOffset, w.Name, w.LocalOffset)
@@ -85,12 +85,12 @@ func TestShardedStagesChainLikeSharded(t *testing.T) {
 						defer wg.Done()
 						fc := &fakeComm{tp: tpGroups[cr], cp: cpGroups[tr], tpRank: tr, cpRank: cr}
 						be := cpu.New(1)
-						plan := ShardPlan{TP: c.tp, TPRank: tr, CP: c.cp, CPRank: cr}
+						plan := Plan{TP: c.tp, TPRank: tr, CP: c.cp, CPRank: cr, Comm: fc}
 						tok, tgt := CPSlice(tokens, T, c.cp, cr), CPSlice(targets, T, c.cp, cr)
 						shard := ShardFlat(cfg, c.tp, tr, full)
 						err := func() error {
 							if !stages {
-								m, err := NewSharded(be, cfg, B, T, plan, fc)
+								m, err := New(be, cfg, B, T, plan)
 								if err != nil {
 									return err
 								}
@@ -101,7 +101,7 @@ func TestShardedStagesChainLikeSharded(t *testing.T) {
 								if err := m.Backward(0.01); err != nil {
 									return err
 								}
-								if err := m.ReduceReplicated(); err != nil {
+								if err := reduceReplicated(m); err != nil {
 									return err
 								}
 								losses[cr][tr] = m.LossSum()
@@ -110,11 +110,11 @@ func TestShardedStagesChainLikeSharded(t *testing.T) {
 								return nil
 							}
 							grads[cr][tr] = make([]float32, len(shard))
-							ms := make([]*Sharded, len(specs))
+							ms := make([]*Model, len(specs))
 							gts := make([]backend.Tensor, len(specs))
 							for i, s := range specs {
 								plan.Stage = &s
-								m, err := NewSharded(be, cfg, B, T, plan, fc)
+								m, err := New(be, cfg, B, T, plan)
 								if err != nil {
 									return err
 								}
@@ -124,11 +124,11 @@ func TestShardedStagesChainLikeSharded(t *testing.T) {
 								m.Bind(p, g)
 								ms[i], gts[i] = m, g
 							}
-							h := make([]float32, ms[0].StageOutput().Len)
+							h := make([]float32, ms[0].Output().Len)
 							for i, m := range ms {
 								if i > 0 {
-									be.Download(h, ms[i-1].StageOutput())
-									be.Upload(m.StageInput(), h)
+									be.Download(h, ms[i-1].Output())
+									be.Upload(m.Input(), h)
 								}
 								if _, err := m.Forward(tok, tgt); err != nil {
 									return err
@@ -137,13 +137,13 @@ func TestShardedStagesChainLikeSharded(t *testing.T) {
 							for i := len(ms) - 1; i >= 0; i-- {
 								m := ms[i]
 								if i < len(ms)-1 {
-									be.Download(h, ms[i+1].StageGrad())
-									be.Upload(m.StageGrad(), h)
+									be.Download(h, ms[i+1].GradInput())
+									be.Upload(m.GradOutput(), h)
 								}
 								if err := m.Backward(0.01); err != nil {
 									return err
 								}
-								if err := m.ReduceReplicated(); err != nil {
+								if err := reduceReplicated(m); err != nil {
 									return err
 								}
 								lo, hi := specs[i].ShardRange(cfg, c.tp)

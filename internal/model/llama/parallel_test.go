@@ -116,7 +116,7 @@ func TestShardedMatchesModel(t *testing.T) {
 		targets[i] = int32((i*53 + 5) % cfg.VocabSize)
 	}
 	targets[3], targets[20] = -1, -1
-	ref, err := New(cpu.New(1), cfg, B, T, Options{})
+	ref, err := New(cpu.New(1), cfg, B, T, Plan{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func TestShardedMatchesModel(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					fc := &fakeComm{tp: tpGroups[cr], cp: cpGroups[tr], tpRank: tr, cpRank: cr}
-					m, err := NewSharded(cpu.New(1), cfg, B, T, ShardPlan{TP: c.tp, TPRank: tr, CP: c.cp, CPRank: cr, LogitChunk: c.chunk}, fc)
+					m, err := New(cpu.New(1), cfg, B, T, Plan{TP: c.tp, TPRank: tr, CP: c.cp, CPRank: cr, LogitChunk: c.chunk, Comm: fc})
 					if err != nil {
 						errs[cr*c.tp+tr] = err
 						return
@@ -164,7 +164,7 @@ func TestShardedMatchesModel(t *testing.T) {
 						err = m.Backward(scale)
 					}
 					if err == nil {
-						err = m.ReduceReplicated()
+						err = reduceReplicated(m)
 					}
 					if err != nil {
 						errs[cr*c.tp+tr] = err
@@ -348,7 +348,7 @@ func runShardedAC(t *testing.T, cfg Config, B, T, tpd, cpd int, ac ActivationChe
 				defer wg.Done()
 				r := cr*tpd + tr
 				fc := &fakeComm{tp: tpGroups[cr], cp: cpGroups[tr], tpRank: tr, cpRank: cr}
-				m, err := NewSharded(cpu.New(1), cfg, B, T, ShardPlan{TP: tpd, TPRank: tr, CP: cpd, CPRank: cr, Checkpoint: ac}, fc)
+				m, err := New(cpu.New(1), cfg, B, T, Plan{TP: tpd, TPRank: tr, CP: cpd, CPRank: cr, Checkpoint: ac, Comm: fc})
 				if err != nil {
 					errs[r] = err
 					return
@@ -366,7 +366,7 @@ func runShardedAC(t *testing.T, cfg Config, B, T, tpd, cpd int, ac ActivationChe
 					}
 					run.losses[r] = append(run.losses[r], l)
 				}
-				if err := m.ReduceReplicated(); err != nil {
+				if err := reduceReplicated(m); err != nil {
 					errs[r] = err
 					return
 				}
@@ -430,4 +430,22 @@ func TestShardedCheckpointingIsBitwise(t *testing.T) {
 			}
 		}
 	}
+}
+
+// reduceReplicated sums m's replicated (norm) gradients over its tp
+// group, as the engine does.
+func reduceReplicated(m *Model) error {
+	if m.TP <= 1 {
+		return nil
+	}
+	for _, r := range m.Replicated() {
+		h := make([]float32, r.Len())
+		g := m.Grads.Slice(r.Lo, r.Len())
+		m.be.Download(h, g)
+		if err := m.Comm.AllReduceTP(h, false); err != nil {
+			return err
+		}
+		m.be.Upload(g, h)
+	}
+	return nil
 }

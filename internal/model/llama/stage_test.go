@@ -24,7 +24,7 @@ func TestStagesChainLikeTheModel(t *testing.T) {
 
 	// whole runs the whole model with logit chunk chunk.
 	whole := func(t *testing.T, chunk int) (loss, scale float32, grads []float32) {
-		ref, err := New(be, cfg, B, T, Options{LogitChunk: chunk})
+		ref, err := New(be, cfg, B, T, Plan{LogitChunk: chunk})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -63,12 +63,12 @@ func TestStagesChainLikeTheModel(t *testing.T) {
 			grads := be.Alloc(backend.Float32, len(master))
 			be.Upload(params, master)
 			be.Zero(grads)
-			var stages []*Stage
+			var stages []*Model
 			first := 0
 			for i, n := range c.cuts {
 				spec := StageSpec{FirstLayer: first, NumLayers: n, Embedding: i == 0, Head: i == len(c.cuts)-1}
 				first += n
-				s, err := NewStage(be, cfg, spec, B, T, Options{Checkpoint: c.ac, LogitChunk: c.chunk})
+				s, err := New(be, cfg, B, T, Plan{Stage: &spec, External: true, Checkpoint: c.ac, LogitChunk: c.chunk})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -83,9 +83,10 @@ func TestStagesChainLikeTheModel(t *testing.T) {
 				if i > 0 {
 					be.Copy(s.Input(), stages[i-1].Output())
 				}
-				if sum, n, err = s.Forward(tokens, targets); err != nil {
+				if _, err = s.Forward(tokens, targets); err != nil {
 					t.Fatal(err)
 				}
+				sum, n = s.LossSum(), s.NumTargets()
 			}
 			if got := float32(sum / float64(n)); got != refLoss {
 				t.Errorf("loss %v, whole model %v", got, refLoss)
@@ -106,7 +107,9 @@ func TestStagesChainLikeTheModel(t *testing.T) {
 				t.Errorf("CanSplit() = %v under activation checkpointing %q", split, c.ac.Mode)
 			}
 			for _, s := range stages {
-				s.BackwardWeight()
+				if err := s.BackwardWeight(); err != nil {
+					t.Fatal(err)
+				}
 			}
 			got := make([]float32, len(master))
 			be.Download(got, grads)

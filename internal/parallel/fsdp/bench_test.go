@@ -35,17 +35,16 @@ func BenchmarkFSDPStep(b *testing.B) {
 					c.Blocking = mode.blocking
 					be := cpu.New(1)
 					defer be.Close()
-					m, err := llama.New(be, cfg, B, T, llama.Options{External: true})
+					m, err := llama.New(be, cfg, B, T, llama.Plan{External: true})
 					if err != nil {
 						ready.Done()
 						return err
 					}
-					rt, err := New(be, m, c)
+					rt, err := shard(be, m, c, 1)
 					if err != nil {
 						ready.Done()
 						return err
 					}
-					rt.InitParams(1)
 					opt := optim.NewAdamW(be, rt.Len, optim.AdamWConfig{LR: 1e-4, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8})
 					tok, tgt := batch(cfg, B, T, rank)
 					ready.Done()

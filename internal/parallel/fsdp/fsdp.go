@@ -1,11 +1,12 @@
-// Package fsdp is sharded data parallelism for the Llama model: FSDP
-// (ZeRO-3) along the dp_shard mesh dimension, HSDP (dp_replicate ×
-// dp_shard) and DDP (dp_replicate only), all driven by the model's unit
-// hooks.
+// Package fsdp is sharded data parallelism: FSDP (ZeRO-3) along the
+// dp_shard mesh dimension, HSDP (dp_replicate × dp_shard) and DDP
+// (dp_replicate only), all driven by a model's unit hooks. It knows no
+// model family: a model gives it the units of its flat parameter buffer
+// (for Llama: the embedding, each transformer layer, the final norm with
+// the output projection — of whatever tensor-parallel shard and pipeline
+// stage the rank holds) and a function that binds a unit's views.
 //
-// The model's flat parameter layout is cut into units (llama.Config.Units:
-// the embedding, each transformer layer, the final norm with the output
-// projection). Every rank of the shard group stores only its chunk
+// The model's flat parameter buffer is cut into units. Every rank of the shard group stores only its chunk
 // (comm.ChunkBounds) of each unit's parameters and gradients, laid end to
 // end in unit order in the local buffers Params and Grads; the optimizer
 // runs over those shards. Around each unit of a forward or backward pass
@@ -27,15 +28,14 @@ import (
 
 	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/comm"
-	"github.com/titan-go/titan/internal/model/llama"
 )
 
 // Reshard is the fsdp_reshard_after_forward policy.
 type Reshard int
 
 const (
-	// ReshardDefault is ReshardAlways (titan has no pipeline parallelism,
-	// where torchtitan's default would keep parameters).
+	// ReshardDefault is ReshardAlways, as torchtitan's default without
+	// pipeline parallelism.
 	ReshardDefault Reshard = iota
 	// ReshardAlways frees each unit's gathered parameters after its
 	// forward and gathers them again for its backward (less memory).
@@ -93,13 +93,13 @@ type Layout struct {
 	Len    int     // local buffer length (sum of the shard lengths)
 }
 
-// NewLayout shards every unit of cfg over parts ranks and returns rank's part.
-func NewLayout(cfg llama.Config, parts, rank int) (Layout, error) {
+// NewLayout shards every unit over parts ranks and returns rank's part.
+func NewLayout(units []Range, parts, rank int) (Layout, error) {
 	if parts < 1 || rank < 0 || rank >= parts {
 		return Layout{}, fmt.Errorf("fsdp: rank %d out of range for %d shards", rank, parts)
 	}
 	var l Layout
-	for _, u := range cfg.Units() {
+	for _, u := range units {
 		lo, hi := comm.ChunkBounds(u.Hi-u.Lo, parts, rank)
 		l.Units = append(l.Units, Range{u.Lo, u.Hi})
 		l.Shards = append(l.Shards, Range{u.Lo + lo, u.Lo + hi})
@@ -109,22 +109,29 @@ func NewLayout(cfg llama.Config, parts, rank int) (Layout, error) {
 	return l, nil
 }
 
+// Binder lays unit u's parameter views over params and its gradient
+// views over grads (each holding the unit's elements; a tensor with nil
+// Mem leaves those views as they are), on every model copy that computes
+// with the unit.
+type Binder func(u int, params, grads backend.Tensor)
+
 // Runtime is one rank's sharded data-parallel state and the model hooks
-// that gather parameters and reduce gradients unit by unit. It implements
-// llama.UnitHooks; New installs it on the model.
+// that gather parameters and reduce gradients unit by unit. Its
+// BeforeForward, AfterForward, BeforeBackward and AfterBackward methods
+// are the unit hooks the model calls.
 type Runtime struct {
 	Layout
 	// Params and Grads are this rank's shards of the parameters and
 	// gradients, Layout.Len elements each; the optimizer updates them.
 	Params, Grads backend.Tensor
 
-	cfg       llama.Config
 	be        backend.Backend
-	m         *llama.Model
+	bind      Binder
 	shard     comm.Group // nil: no sharding
 	replicate comm.Group // nil: no replication
 	reshard   Reshard
 	blocking  bool
+	local1    bool // no group: parameters and gradients are bound in place
 	maxGrad   int
 	unitMax   int
 
@@ -158,12 +165,11 @@ func size(g comm.Group) int {
 	return g.Size()
 }
 
-// New shards model m (built with llama.Options{External: true}) and sets
-// itself as m's hooks. Parameters start at zero: call InitParams or Load.
-func New(be backend.Backend, m *llama.Model, c Config) (*Runtime, error) {
-	if m.Params.Mem != nil {
-		return nil, fmt.Errorf("fsdp: the model owns flat parameters; build it with llama.Options{External: true}")
-	}
+// New shards the units (a tiling of a flat parameter buffer) over the
+// shard group and binds them through bind; the caller installs the
+// Runtime as the model's unit hooks. Parameters start at zero: call Init
+// or Load.
+func New(be backend.Backend, units []Range, bind Binder, c Config) (*Runtime, error) {
 	shard, replicate := c.Shard, c.Replicate
 	if size(shard) == 1 {
 		shard = nil
@@ -175,12 +181,12 @@ func New(be backend.Backend, m *llama.Model, c Config) (*Runtime, error) {
 	if shard != nil {
 		rank = shard.Rank()
 	}
-	lay, err := NewLayout(m.Cfg, size(shard), rank)
+	lay, err := NewLayout(units, size(shard), rank)
 	if err != nil {
 		return nil, err
 	}
 	r := &Runtime{
-		Layout: lay, cfg: m.Cfg, be: be, m: m, shard: shard, replicate: replicate,
+		Layout: lay, be: be, bind: bind, shard: shard, replicate: replicate,
 		reshard: c.Reshard, blocking: c.Blocking, maxGrad: c.MaxGradBuffers,
 	}
 	if r.maxGrad <= 0 {
@@ -196,14 +202,19 @@ func New(be backend.Backend, m *llama.Model, c Config) (*Runtime, error) {
 		return nil, fmt.Errorf("fsdp: the backend's memory is not host memory; sharded data parallelism needs host buffers")
 	}
 	r.pbuf, r.pwork, r.gbuf = make([]backend.Tensor, n), make([]*comm.Work, n), make([]backend.Tensor, n)
+	r.local1 = shard == nil && replicate == nil
 	if shard == nil {
 		// Every rank holds whole units: the model computes on the local
-		// parameters directly.
+		// parameters directly (and, with no group at all, accumulates
+		// into the local gradients: the hooks have nothing to do).
 		for u := range lay.Units {
-			m.BindUnit(u, r.local(r.Params, u), backend.Tensor{})
+			g := backend.Tensor{}
+			if r.local1 {
+				g = r.local(r.Grads, u)
+			}
+			bind(u, r.local(r.Params, u), g)
 		}
 	}
-	m.Hooks = r
 	return r, nil
 }
 
@@ -226,12 +237,12 @@ func (r *Runtime) local(buf backend.Tensor, u int) backend.Tensor {
 // Sharded reports whether parameters are sharded (dp_shard > 1).
 func (r *Runtime) Sharded() bool { return r.shard != nil }
 
-// InitParams initialises this rank's shards as llama.Model.Init
-// initialises the whole model.
-func (r *Runtime) InitParams(seed uint64) {
+// Init fills this rank's parameter shards with fill(lo, dst), which
+// writes the initial values of the flat-buffer elements [lo, lo+len(dst)).
+func (r *Runtime) Init(fill func(lo int, dst []float32)) {
 	h := make([]float32, r.Len)
 	for u, s := range r.Shards {
-		llama.InitParams(r.cfg, seed, h[r.Local[u]:r.Local[u]+s.Len()], s.Lo)
+		fill(s.Lo, h[r.Local[u]:r.Local[u]+s.Len()])
 	}
 	r.be.Upload(r.Params, h)
 	r.Invalidate()
@@ -326,7 +337,7 @@ func (r *Runtime) use(u, next int) error {
 	if err := r.waitGather(u); err != nil {
 		return err
 	}
-	r.m.BindUnit(u, r.pbuf[u], backend.Tensor{})
+	r.bind(u, r.pbuf[u], backend.Tensor{})
 	return nil
 }
 
@@ -345,6 +356,9 @@ func (r *Runtime) AfterForward(u int) error {
 // BeforeBackward gathers unit u (prefetching unit u-1) and binds a zeroed
 // unit gradient buffer.
 func (r *Runtime) BeforeBackward(u int) error {
+	if r.local1 {
+		return nil
+	}
 	if err := r.use(u, u-1); err != nil {
 		return err
 	}
@@ -364,13 +378,16 @@ func (r *Runtime) BeforeBackward(u int) error {
 	g := buf.Slice(0, r.Units[u].Len())
 	r.be.Zero(g)
 	r.gbuf[u] = g
-	r.m.BindUnit(u, backend.Tensor{}, g)
+	r.bind(u, backend.Tensor{}, g)
 	return nil
 }
 
 // AfterBackward starts the reduction of unit u's gradients and frees its
 // gathered parameters.
 func (r *Runtime) AfterBackward(u int) error {
+	if r.local1 {
+		return nil
+	}
 	g := r.gbuf[u]
 	r.gbuf[u] = backend.Tensor{}
 	red := &reduction{unit: u, buf: g, stage: 1}
@@ -514,3 +531,7 @@ func (r *Runtime) Load(buf backend.Tensor, read func(lo int, dst []float32) erro
 	r.Invalidate()
 	return nil
 }
+
+// GatheredBuffers is the number of unit parameter buffers allocated so
+// far: the most units whose gathered parameters were alive at once.
+func (r *Runtime) GatheredBuffers() int { return r.pAlloc }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/backend/cpu"
 	"github.com/titan-go/titan/internal/checkpoint"
 	"github.com/titan-go/titan/internal/comm"
@@ -41,7 +42,7 @@ func TestLayout(t *testing.T) {
 			total := 0
 			lays := make([]Layout, parts)
 			for r := range parts {
-				l, err := NewLayout(cfg, parts, r)
+				l, err := NewLayout(unitRanges(cfg.ShardLayout(1)), parts, r)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -77,7 +78,7 @@ func TestLayout(t *testing.T) {
 			}
 		})
 	}
-	if _, err := NewLayout(cfg, 2, 2); err == nil {
+	if _, err := NewLayout(unitRanges(cfg.ShardLayout(1)), 2, 2); err == nil {
 		t.Error("rank 2 of 2 shards was accepted")
 	}
 	for _, s := range []string{"", "default", "always", "never"} {
@@ -104,23 +105,29 @@ func TestReadRangeReshards(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, parts := range []int{1, 2, 3, 4} {
-		for rank := range parts {
-			l, _ := NewLayout(cfg, parts, rank)
-			loc := make([]float32, l.Len)
-			for u, s := range l.Shards {
-				if err := ReadRange(r, "model/", cfg, s.Lo, loc[l.Local[u]:l.Local[u]+s.Len()]); err != nil {
-					t.Fatal(err)
-				}
-				for i := 0; i < s.Len(); i++ {
-					if math.Float32bits(loc[l.Local[u]+i]) != math.Float32bits(full[s.Lo+i]) {
-						t.Fatalf("%d shards, rank %d, unit %d, element %d: read %v, saved %v", parts, rank, u, s.Lo+i, loc[l.Local[u]+i], full[s.Lo+i])
+	for _, tp := range []int{1, 2} {
+		for tr := range tp {
+			lay := cfg.ShardLayout(tp)
+			want := llama.ShardFlat(cfg, tp, tr, full)
+			for _, parts := range []int{1, 2, 3, 4} {
+				for rank := range parts {
+					l, _ := NewLayout(unitRanges(cfg.LocalLayout(tp, llama.StageSpec{NumLayers: cfg.NLayers, Embedding: true, Head: true})), parts, rank)
+					loc := make([]float32, l.Len)
+					for u, s := range l.Shards {
+						if err := modelfile.ReadLocal(r, "model/", lay, tp, tr, s.Lo, loc[l.Local[u]:l.Local[u]+s.Len()]); err != nil {
+							t.Fatal(err)
+						}
+						for i := 0; i < s.Len(); i++ {
+							if math.Float32bits(loc[l.Local[u]+i]) != math.Float32bits(want[s.Lo+i]) {
+								t.Fatalf("tp %d rank %d, %d shards, rank %d, unit %d, element %d: read %v, saved %v", tp, tr, parts, rank, u, s.Lo+i, loc[l.Local[u]+i], want[s.Lo+i])
+							}
+						}
 					}
 				}
 			}
 		}
 	}
-	if err := ReadRange(r, "optimizer/exp_avg/", cfg, 0, make([]float32, 4)); err == nil {
+	if err := modelfile.ReadLocal(r, "optimizer/exp_avg/", cfg.ShardLayout(1), 1, 0, 0, make([]float32, 4)); err == nil {
 		t.Error("reading a missing tensor succeeded")
 	}
 }
@@ -211,7 +218,7 @@ func TestGradientsMatchOneModel(t *testing.T) {
 			// microbatch, gradients of the mean loss over all targets.
 			be := cpu.New(1)
 			defer be.Close()
-			ref, err := llama.New(be, cfg, rows, T, llama.Options{})
+			ref, err := llama.New(be, cfg, rows, T, llama.Plan{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -236,15 +243,14 @@ func TestGradientsMatchOneModel(t *testing.T) {
 				cc.Reshard, cc.Blocking = c.reshard, c.blocking
 				be := cpu.New(1)
 				defer be.Close()
-				m, err := llama.New(be, cfg, rowsPerRank, T, llama.Options{External: true})
+				m, err := llama.New(be, cfg, rowsPerRank, T, llama.Plan{External: true})
 				if err != nil {
 					return err
 				}
-				rt, err := New(be, m, cc)
+				rt, err := shard(be, m, cc, 3)
 				if err != nil {
 					return err
 				}
-				rt.InitParams(3)
 				rt.ZeroGrad()
 				for a := range accum {
 					tok, tgt := batch(cfg, rows, T, a)
@@ -295,4 +301,24 @@ func TestGradientsMatchOneModel(t *testing.T) {
 			})
 		})
 	}
+}
+
+// unitRanges are the FSDP units of a local layout.
+func unitRanges(lay []llama.ShardParam) []Range {
+	var rs []Range
+	for _, u := range llama.LayoutUnits(lay) {
+		rs = append(rs, Range{u.Lo, u.Hi})
+	}
+	return rs
+}
+
+// shard installs a Runtime on model m (built External) and initialises it.
+func shard(be backend.Backend, m *llama.Model, c Config, seed uint64) (*Runtime, error) {
+	rt, err := New(be, unitRanges(m.Layout), m.BindUnit, c)
+	if err != nil {
+		return nil, err
+	}
+	m.Hooks = rt
+	rt.Init(func(lo int, dst []float32) { m.InitLocal(seed, dst, lo) })
+	return rt, nil
 }

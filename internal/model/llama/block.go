@@ -1,0 +1,428 @@
+package llama
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/titan-go/titan/internal/backend"
+)
+
+// This file is the transformer block, written once: its forward, its
+// backward (optionally split into input and weight gradients), its
+// recomputation under activation checkpointing, and the sequence- and
+// context-parallel pieces it calls, which do nothing extra at TP = CP = 1.
+//
+// Shapes: N is this rank's tokens (B × T/CP), n = N/TP its sequence-
+// parallel rows; the residual stream and the norms' inputs hold n rows,
+// the linear layers' inputs all N rows (gathered over the tp ranks).
+
+// layerActs are the activations of one block kept for the backward pass.
+type layerActs struct {
+	attnNorm, attnRstd backend.Tensor // norm output, gathered [N, D]; 1/rms [n]
+	q, k, v            backend.Tensor // projections after RoPE [N, nq], [N, nkv]
+	attn, lse          backend.Tensor // attention output [N, nq], log-sum-exp [N·nh]
+	mid                backend.Tensor // residual stream after attention [n, D]
+	ffnNorm, ffnRstd   backend.Tensor // [N, D]; [n]
+	h1, h3, hs         backend.Tensor // w1·x, w3·x, silu(w1·x)*(w3·x) [N, f]
+}
+
+// actFields lists the views of a layerActs (see actField).
+func (m *Model) actFields(a *layerActs) []actField {
+	N, n, D := m.N, m.n, m.Cfg.Dim
+	return []actField{
+		{&a.attnNorm, N * D, true}, {&a.attnRstd, n, true},
+		{&a.q, N * m.nq, false}, {&a.k, N * m.nkvd, false}, {&a.v, N * m.nkvd, false},
+		{&a.attn, N * m.nq, false}, {&a.lse, N * m.nh, false},
+		{&a.mid, n * D, false},
+		{&a.ffnNorm, N * D, true}, {&a.ffnRstd, n, true},
+		{&a.h1, N * m.f, false}, {&a.h3, N * m.f, false}, {&a.hs, N * m.f, true},
+	}
+}
+
+// layerForward runs layer l's forward from resid[l] into its activations
+// and, when out is set, its output resid[l+1]. The backward pass's
+// recomputation leaves out unset: the output is kept anyway.
+func (m *Model) layerForward(l int, out bool) error {
+	be, N, D := m.be, m.N, m.Cfg.Dim
+	a, p := &m.layers[l], &m.P.Layers[l]
+	// Attention: mid = resid[l] + wo(attn(rope(wq x), rope(wk x), wv x)), x = norm(resid[l]).
+	if err := m.normGather(a.attnNorm, a.attnRstd, m.seq, m.resid[l], p.AttnNorm); err != nil {
+		return err
+	}
+	linear(be, a.q, a.attnNorm, p.Wq, N, D, m.nq, false)
+	linear(be, a.k, a.attnNorm, p.Wk, N, D, m.nkvd, false)
+	linear(be, a.v, a.attnNorm, p.Wv, N, D, m.nkvd, false)
+	m.rope(a.q, a.q, m.nh, false)
+	m.rope(a.k, a.k, m.nkv, false)
+	if err := m.attention(a); err != nil {
+		return err
+	}
+	if err := m.rowOut(a.mid, m.resid[l], a.attn, p.Wo, m.nq); err != nil {
+		return err
+	}
+	// Feed-forward: resid[l+1] = mid + w2(silu(w1 x) * w3 x), x = norm(mid).
+	if err := m.normGather(a.ffnNorm, a.ffnRstd, m.seq, a.mid, p.FFNNorm); err != nil {
+		return err
+	}
+	linear(be, a.h1, a.ffnNorm, p.W1, N, D, m.f, false)
+	linear(be, a.h3, a.ffnNorm, p.W3, N, D, m.f, false)
+	be.SwiGLUForward(a.hs, a.h1, a.h3, N*m.f)
+	if !out {
+		return nil
+	}
+	return m.rowOut(m.resid[l+1], a.mid, a.hs, p.W2, m.f)
+}
+
+// layerBackward back-propagates through layer l (unit u): dres holds the
+// gradient with respect to resid[l+1] and is left holding the gradient
+// with respect to resid[l]. With split, the weight-gradient products are
+// deferred to BackwardWeight and their output gradients kept.
+func (m *Model) layerBackward(l, u int, split bool) error {
+	be, N, D := m.be, m.N, m.Cfg.Dim
+	a, p := &m.layers[l], &m.P.Layers[l]
+	g := func() *LayerParams { return &m.G.Layers[l] }
+	dh1, dh3, dqr, dkr, dv := m.dh1, m.dh3, m.dqr, m.dkr, m.dv
+	var o *layerDouts
+	if split {
+		o = &m.douts[l]
+		dh1, dh3, dqr, dkr, dv = o.h1, o.h3, o.qr, o.kr, o.v
+	}
+	keep := func(dst, dout backend.Tensor) backend.Tensor {
+		be.Copy(dst, dout)
+		return dst
+	}
+	lin := func(dinp backend.Tensor, dw func() backend.Tensor, dout, inp, w backend.Tensor, in, outDim int, overwrite bool) {
+		beta := float32(1)
+		if overwrite {
+			beta = 0
+		}
+		be.Gemm(false, false, N, in, outDim, 1, dout, outDim, w, in, beta, dinp, in)
+		m.weightGrad(u, split, dw, dout, inp, N, in, outDim)
+	}
+
+	// Feed-forward.
+	dout, err := m.gatherGrad()
+	if err != nil {
+		return err
+	}
+	if split {
+		dout = keep(o.ffnOut, dout)
+	}
+	lin(m.dhs, func() backend.Tensor { return g().W2 }, dout, a.hs, p.W2, m.f, D, true)
+	be.Zero(dh1)
+	be.Zero(dh3)
+	be.SwiGLUBackward(dh1, dh3, m.dhs, a.h1, a.h3, N*m.f)
+	lin(m.full, func() backend.Tensor { return g().W1 }, dh1, a.ffnNorm, p.W1, D, m.f, true)
+	lin(m.full, func() backend.Tensor { return g().W3 }, dh3, a.ffnNorm, p.W3, D, m.f, false)
+	if err := m.normBackward(m.dres, g().FFNNorm, m.full, a.mid, p.FFNNorm, a.ffnRstd); err != nil {
+		return err
+	}
+
+	// Attention.
+	if dout, err = m.gatherGrad(); err != nil {
+		return err
+	}
+	if split {
+		dout = keep(o.attnOut, dout)
+	}
+	lin(m.dat, func() backend.Tensor { return g().Wo }, dout, a.attn, p.Wo, m.nq, D, true)
+	if err := m.attentionBackward(a, dv); err != nil {
+		return err
+	}
+	be.Zero(dqr)
+	be.Zero(dkr)
+	m.rope(dqr, m.dq, m.nh, true)
+	m.rope(dkr, m.dk, m.nkv, true)
+	lin(m.full, func() backend.Tensor { return g().Wq }, dqr, a.attnNorm, p.Wq, D, m.nq, true)
+	lin(m.full, func() backend.Tensor { return g().Wk }, dkr, a.attnNorm, p.Wk, D, m.nkvd, false)
+	lin(m.full, func() backend.Tensor { return g().Wv }, dv, a.attnNorm, p.Wv, D, m.nkvd, false)
+	return m.normBackward(m.dres, g().AttnNorm, m.full, m.resid[l], p.AttnNorm, a.attnRstd)
+}
+
+// recomputeCheap recomputes layer l's element-wise activations (both
+// RMSNorms, with their sequence all-gathers, and the SwiGLU product) from
+// its kept ones, exactly as layerForward computed them.
+func (m *Model) recomputeCheap(l int) error {
+	a, p := &m.layers[l], &m.P.Layers[l]
+	if err := m.normGather(a.attnNorm, a.attnRstd, m.seq, m.resid[l], p.AttnNorm); err != nil {
+		return err
+	}
+	if err := m.normGather(a.ffnNorm, a.ffnRstd, m.seq, a.mid, p.FFNNorm); err != nil {
+		return err
+	}
+	m.be.SwiGLUForward(a.hs, a.h1, a.h3, m.N*m.f)
+	return nil
+}
+
+// restore makes layer l's activations available to its backward pass,
+// recomputing them into the shared scratch set unless they are kept or
+// still there (the last checkpointed layer of the forward pass is not
+// recomputed: nothing overwrote its activations). A recomputation issues
+// the same collectives as the forward; every rank of a tp and cp group
+// has the same policy, so all of them recompute, or none.
+func (m *Model) restore(l int) error {
+	p := m.policy[l]
+	if p == keepAll || m.scratchLayer == l {
+		return nil
+	}
+	m.scratchLayer = -1
+	var err error
+	if p == recomputeLayer {
+		err = m.layerForward(l, false)
+	} else {
+		err = m.recomputeCheap(l)
+	}
+	if err != nil {
+		return err
+	}
+	m.recomputed++
+	m.scratchLayer = l
+	return nil
+}
+
+// normGather normalises this rank's rows x [n, D] (1/rms into rstd [n])
+// and leaves the result for all N rows in dst [N, D], all-gathered over
+// the tp ranks through tmp [n, D]. At TP = 1 it normalises into dst.
+func (m *Model) normGather(dst, rstd, tmp, x, w backend.Tensor) error {
+	eps := float32(m.Cfg.NormEps)
+	if m.tp() == 1 {
+		m.be.RMSNormForward(dst, rstd, x, w, m.n, m.Cfg.Dim, eps)
+		return nil
+	}
+	m.be.RMSNormForward(tmp, rstd, x, w, m.n, m.Cfg.Dim, eps)
+	return m.gather(dst, tmp)
+}
+
+// normBackward accumulates into dres [n, D] and gw the gradient of a
+// norm whose output gradient for all N rows is dx [N, D] (summed over the
+// tp ranks and scattered to this rank's rows first).
+func (m *Model) normBackward(dres, gw, dx, x, w, rstd backend.Tensor) error {
+	if m.tp() > 1 {
+		if err := m.scatter(m.seq, dx); err != nil {
+			return err
+		}
+		dx = m.seq
+	}
+	m.be.RMSNormBackward(dres, gw, dx, x, w, rstd, m.n, m.Cfg.Dim)
+	return nil
+}
+
+// rowOut computes dst [n, D] = resid + (inp [N, in] · w^T), the output of
+// a row-parallel linear summed over the tp ranks and scattered to this
+// rank's rows, plus the residual. At TP = 1 the product accumulates onto
+// a copy of the residual.
+func (m *Model) rowOut(dst, resid, inp, w backend.Tensor, in int) error {
+	be, N, D := m.be, m.N, m.Cfg.Dim
+	if m.tp() == 1 {
+		be.Copy(dst, resid)
+		linear(be, dst, inp, w, N, in, D, true)
+		return nil
+	}
+	linear(be, m.full, inp, w, N, in, D, false)
+	if err := m.scatter(m.seq, m.full); err != nil {
+		return err
+	}
+	be.Add(dst, resid, m.seq)
+	return nil
+}
+
+// gatherGrad returns the gradient with respect to the residual stream
+// for all N rows: dres itself at TP = 1, else dres all-gathered into full.
+func (m *Model) gatherGrad() (backend.Tensor, error) {
+	if m.tp() == 1 {
+		return m.dres, nil
+	}
+	return m.full, m.gather(m.full, m.dres)
+}
+
+// gather all-gathers the sequence-parallel rows src [n, D] into dst [N, D].
+func (m *Model) gather(dst, src backend.Tensor) error {
+	m.be.Download(m.hn, src)
+	if err := m.c().AllGatherSeq(m.hn, m.hN); err != nil {
+		return fmt.Errorf("llama: sequence all-gather: %w", err)
+	}
+	m.be.Upload(dst, m.hN)
+	return nil
+}
+
+// scatter sums src [N, D] over the tp ranks and stores this rank's rows
+// in dst [n, D].
+func (m *Model) scatter(dst, src backend.Tensor) error {
+	m.be.Download(m.hN, src)
+	if err := m.c().ReduceScatterSeq(m.hN, m.hn); err != nil {
+		return fmt.Errorf("llama: sequence reduce-scatter: %w", err)
+	}
+	m.be.Upload(dst, m.hn)
+	return nil
+}
+
+// rope rotates x [N, heads, HD] (in place, or its gradient into dst when
+// backward) by each token's true position.
+func (m *Model) rope(dst, x backend.Tensor, heads int, backward bool) {
+	be, hd := m.be, m.hd
+	if m.cp() == 1 {
+		if backward {
+			be.RoPEBackward(dst, x, m.cos, m.sin, m.B, m.T, heads, hd)
+		} else {
+			be.RoPEForward(dst, x, m.cos, m.sin, m.B, m.T, heads, hd)
+		}
+		return
+	}
+	c := m.cchunk
+	blk := c * heads * hd
+	for b := 0; b < m.B; b++ {
+		for h := 0; h < 2; h++ {
+			p := ChunkStart(m.T, m.cp(), m.CPRank, h)
+			cs, sn := m.cos.Slice(p*hd/2, c*hd/2), m.sin.Slice(p*hd/2, c*hd/2)
+			off := (b*2 + h) * blk
+			if backward {
+				be.RoPEBackward(dst.Slice(off, blk), x.Slice(off, blk), cs, sn, 1, c, heads, hd)
+			} else {
+				be.RoPEForward(dst.Slice(off, blk), x.Slice(off, blk), cs, sn, 1, c, heads, hd)
+			}
+		}
+	}
+}
+
+// blockPairs calls fn for every (row, query half, key half) whose keys,
+// held by cp rank src, are visible to some of the queries; dims has the
+// block's positions.
+func (m *Model) blockPairs(src int, fn func(qOff, kOff, lOff int, d backend.AttentionDims)) {
+	c, cp := m.cchunk, m.cp()
+	for b := 0; b < m.B; b++ {
+		for qh := 0; qh < 2; qh++ {
+			qp := ChunkStart(m.T, cp, m.CPRank, qh)
+			for kh := 0; kh < 2; kh++ {
+				kp := ChunkStart(m.T, cp, src, kh)
+				if kp > qp {
+					continue // every key is after every query
+				}
+				d := backend.AttentionDims{B: 1, Tq: c, Tk: c, NH: m.nh, NKV: m.nkv, HD: m.hd, QPos: qp, KPos: kp}
+				fn((b*2+qh)*c*m.nq, (b*2+kh)*c*m.nkvd, (b*2+qh)*m.nh*c, d)
+			}
+		}
+	}
+}
+
+// attention computes a.attn and a.lse from a.q, a.k, a.v: causal
+// attention over the whole rows at CP = 1, otherwise ring attention: K/V
+// travel around the cp ring and each block's partial result is merged by
+// its log-sum-exp.
+func (m *Model) attention(a *layerActs) error {
+	be, N, cp := m.be, m.N, m.cp()
+	if cp == 1 {
+		be.AttentionForward(a.attn, a.lse, a.q, a.k, a.v, backend.AttentionDims{B: m.B, Tq: m.T, Tk: m.T, NH: m.nh, NKV: m.nkv, HD: m.hd})
+		return nil
+	}
+	out := make([]float32, N*m.nq)
+	lse := make([]float32, N*m.nh)
+	for i := range lse {
+		lse[i] = float32(math.Inf(-1))
+	}
+	to, tl := make([]float32, m.cchunk*m.nq), make([]float32, m.nh*m.cchunk)
+	cur, next := make([]float32, 2*N*m.nkvd), make([]float32, 2*N*m.nkvd)
+	be.Download(cur[:N*m.nkvd], a.k)
+	be.Download(cur[N*m.nkvd:], a.v)
+	for s := 0; s < cp; s++ {
+		src := (m.CPRank - s + cp) % cp
+		K, V := a.k, a.v
+		if s > 0 {
+			be.Upload(m.rk, cur[:N*m.nkvd])
+			be.Upload(m.rv, cur[N*m.nkvd:])
+			K, V = m.rk, m.rv
+		}
+		m.blockPairs(src, func(qOff, kOff, lOff int, d backend.AttentionDims) {
+			be.AttentionForward(m.tOut, m.tLse, a.q.Slice(qOff, d.Tq*m.nq), K.Slice(kOff, d.Tk*m.nkvd), V.Slice(kOff, d.Tk*m.nkvd), d)
+			be.Download(to, m.tOut)
+			be.Download(tl, m.tLse)
+			MergeAttention(out[qOff:qOff+d.Tq*m.nq], lse[lOff:lOff+m.nh*d.Tq], to, tl, d.Tq, m.nh, m.hd)
+		})
+		if s < cp-1 {
+			if err := m.c().RingShift(cur, next); err != nil {
+				return fmt.Errorf("llama: ring attention: %w", err)
+			}
+			cur, next = next, cur
+		}
+	}
+	be.Upload(a.attn, out)
+	be.Upload(a.lse, lse)
+	return nil
+}
+
+// attentionBackward computes m.dq, m.dk and dv (overwritten) from m.dat.
+// Under context parallelism the K/V gradients travel around the ring with
+// the K/V blocks and come home after CP steps.
+func (m *Model) attentionBackward(a *layerActs, dv backend.Tensor) error {
+	be, kvn, cp := m.be, m.N*m.nkvd, m.cp()
+	be.Zero(m.dq)
+	be.Zero(m.dk)
+	be.Zero(dv)
+	if cp == 1 {
+		be.AttentionBackward(m.dq, m.dk, dv, m.dat, a.q, a.k, a.v, a.attn, a.lse, backend.AttentionDims{B: m.B, Tq: m.T, Tk: m.T, NH: m.nh, NKV: m.nkv, HD: m.hd})
+		return nil
+	}
+	cur, next := make([]float32, 2*kvn), make([]float32, 2*kvn)
+	dcur, dnext := make([]float32, 2*kvn), make([]float32, 2*kvn)
+	be.Download(cur[:kvn], a.k)
+	be.Download(cur[kvn:], a.v)
+	for s := 0; s < cp; s++ {
+		src := (m.CPRank - s + cp) % cp
+		K, V, dK, dV := a.k, a.v, m.dk, dv
+		if s > 0 {
+			be.Upload(m.rk, cur[:kvn])
+			be.Upload(m.rv, cur[kvn:])
+			be.Upload(m.rdk, dcur[:kvn])
+			be.Upload(m.rdv, dcur[kvn:])
+			K, V, dK, dV = m.rk, m.rv, m.rdk, m.rdv
+		}
+		m.blockPairs(src, func(qOff, kOff, lOff int, d backend.AttentionDims) {
+			nq, nk := d.Tq*m.nq, d.Tk*m.nkvd
+			be.AttentionBackward(m.dq.Slice(qOff, nq), dK.Slice(kOff, nk), dV.Slice(kOff, nk), m.dat.Slice(qOff, nq),
+				a.q.Slice(qOff, nq), K.Slice(kOff, nk), V.Slice(kOff, nk), a.attn.Slice(qOff, nq), a.lse.Slice(lOff, m.nh*d.Tq), d)
+		})
+		be.Download(dcur[:kvn], dK)
+		be.Download(dcur[kvn:], dV)
+		if s < cp-1 {
+			if err := m.c().RingShift(cur, next); err != nil {
+				return fmt.Errorf("llama: ring attention backward: %w", err)
+			}
+			cur, next = next, cur
+		}
+		if err := m.c().RingShift(dcur, dnext); err != nil {
+			return fmt.Errorf("llama: ring attention backward: %w", err)
+		}
+		dcur, dnext = dnext, dcur
+	}
+	be.Upload(m.dk, dcur[:kvn])
+	be.Upload(dv, dcur[kvn:])
+	return nil
+}
+
+// MergeAttention folds a partial attention result (out2 [Tq, NH, HD],
+// lse2 [NH, Tq]) into the running one (out1, lse1), in place: the
+// combination is the attention over the union of both key sets.
+func MergeAttention(out1, lse1, out2, lse2 []float32, Tq, NH, HD int) {
+	for h := 0; h < NH; h++ {
+		for i := 0; i < Tq; i++ {
+			l2 := float64(lse2[h*Tq+i])
+			if math.IsInf(l2, -1) {
+				continue
+			}
+			l1 := float64(lse1[h*Tq+i])
+			o1 := out1[(i*NH+h)*HD : (i*NH+h+1)*HD]
+			o2 := out2[(i*NH+h)*HD : (i*NH+h+1)*HD]
+			if math.IsInf(l1, -1) {
+				copy(o1, o2)
+				lse1[h*Tq+i] = float32(l2)
+				continue
+			}
+			mx := max(l1, l2)
+			l := mx + math.Log(math.Exp(l1-mx)+math.Exp(l2-mx))
+			w1, w2 := math.Exp(l1-l), math.Exp(l2-l)
+			for j := range o1 {
+				o1[j] = float32(w1*float64(o1[j]) + w2*float64(o2[j]))
+			}
+			lse1[h*Tq+i] = float32(l)
+		}
+	}
+}
