@@ -81,6 +81,11 @@ worker and no flag is needed.`,
 				TraceDir: traceDir(job.Job.DumpFolder, job.Comm.SaveTracesFolder),
 			}
 			err = lf.distributed(ctx, os.Stdout, cs, func(w *launch.Worker) error {
+				if w == nil || w.Rank == 0 {
+					if err := job.SaveConfigFile(); err != nil { // job.save_config_file
+						return err
+					}
+				}
 				var dist *train.Dist
 				if w != nil {
 					dist = &train.Dist{Rank: w.Rank, World: w.WorldSize, Group: w.World, Threads: w.Threads}
