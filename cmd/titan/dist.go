@@ -30,8 +30,16 @@ var commandArgs = os.Args[1:]
 
 // commSettings configure a worker's process groups.
 type commSettings struct {
-	Timeout  time.Duration
+	// Timeout bounds each collective (comm.train_timeout_seconds).
+	Timeout time.Duration
+	// InitTimeout bounds the bootstrap (comm.init_timeout_seconds; 0:
+	// launch's default).
+	InitTimeout time.Duration
+	// TraceDir receives the flight recorder dumps.
 	TraceDir string
+	// FlightSize is comm.Options.FlightSize (comm.FlightSizeOf of
+	// comm.trace_buf_size; 0: comm's default).
+	FlightSize int
 }
 
 // distributed runs fn as this process's part of a job: as a launcher it
@@ -52,7 +60,7 @@ func (l *launchFlags) distributed(ctx context.Context, out io.Writer, cs commSet
 		if cs.TraceDir != "" {
 			defer comm.InstallFlightDumpOnSignal(cs.TraceDir)()
 		}
-		w, err := launch.JoinOptions(ctx, spec, comm.Options{Timeout: cs.Timeout, TraceDir: cs.TraceDir})
+		w, err := launch.JoinOptions(ctx, spec, comm.Options{Timeout: cs.Timeout, InitTimeout: cs.InitTimeout, TraceDir: cs.TraceDir, FlightSize: cs.FlightSize})
 		if err != nil {
 			return err
 		}

@@ -74,10 +74,16 @@ type flight struct {
 	started time.Time
 }
 
+// newFlight returns a recorder of the last capacity operations; capacity
+// <= 0 returns one that records nothing and never dumps.
 func newFlight(rank, size, capacity int) *flight {
+	capacity = max(capacity, 0)
 	return &flight{rank: rank, size: size, ring: make([]FlightEntry, capacity), next: 1,
 		groups: make(map[string]*FlightGroup), dumped: make(map[string]time.Time), started: time.Now()}
 }
+
+// disabled reports a recorder of capacity 0 (comm.trace_buf_size = 0).
+func (f *flight) disabled() bool { return len(f.ring) == 0 }
 
 func (f *flight) add(g *group, r *request) uint64 {
 	e := FlightEntry{
@@ -91,6 +97,9 @@ func (f *flight) add(g *group, r *request) uint64 {
 	if r.kind == opSend || r.kind == opRecv {
 		p := g.world[r.peer]
 		e.Peer = &p
+	}
+	if f.disabled() {
+		return 0
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -113,6 +122,9 @@ func (f *flight) group(g *group) *FlightGroup {
 }
 
 func (f *flight) entry(id uint64) *FlightEntry {
+	if f.disabled() {
+		return nil
+	}
 	e := &f.ring[id%uint64(len(f.ring))]
 	if e.ID != id {
 		return nil
@@ -192,6 +204,9 @@ func (f *flight) dumpTo(dir string) error {
 }
 
 func (f *flight) write(dir, reason string) error {
+	if f.disabled() {
+		return nil
+	}
 	b, err := json.MarshalIndent(f.snapshot(reason), "", " ")
 	if err != nil {
 		return err

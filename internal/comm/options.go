@@ -25,7 +25,9 @@ type Options struct {
 	// aborted by a peer.
 	TraceDir string
 	// FlightSize is the number of operations the flight recorder keeps
-	// (default 2000).
+	// (0: the default, 2000); a negative size turns the recorder off: it
+	// records nothing and writes no dumps. FlightSizeOf maps the recipe's
+	// comm.trace_buf_size (0: off) to it.
 	FlightSize int
 	// Addr is the TCP address to listen on, "host:port" (port 0 picks a
 	// free port). Default "127.0.0.1:0", enough for one host; multi-host
@@ -78,7 +80,7 @@ func (o Options) withDefaults() (Options, error) {
 	if o.InitTimeout <= 0 {
 		o.InitTimeout = defaultInitTimeout
 	}
-	if o.FlightSize <= 0 {
+	if o.FlightSize == 0 {
 		o.FlightSize = defaultFlightSize
 	}
 	if o.Addr == "" {
@@ -118,6 +120,16 @@ func (o Options) withDefaults() (Options, error) {
 		o.ShmDir = "/dev/shm"
 	}
 	return o, nil
+}
+
+// FlightSizeOf returns the Options.FlightSize for a recipe's
+// comm.trace_buf_size: the same number of operations, or -1 (recorder
+// off) for 0.
+func FlightSizeOf(traceBufSize int) int {
+	if traceBufSize <= 0 {
+		return -1
+	}
+	return traceBufSize
 }
 
 func defaultHostID() string {

@@ -277,7 +277,10 @@ type Parallelism struct {
 	// ContextParallelDegree splits each sequence over this many ranks.
 	ContextParallelDegree int `toml:"context_parallel_degree" mapstructure:"context_parallel_degree"`
 	// ContextParallelRotateMethod is how key/value shards travel between
-	// context-parallel ranks: "allgather" or "alltoall".
+	// context-parallel ranks: "allgather" or "alltoall". titan's ring
+	// attention passes key/value blocks point to point, torchtitan's
+	// "alltoall"; that is the default (torchtitan: "allgather") and the
+	// only value titan accepts so far.
 	ContextParallelRotateMethod string `toml:"context_parallel_rotate_method" mapstructure:"context_parallel_rotate_method"`
 }
 
@@ -429,7 +432,7 @@ func Default() *Job {
 			PipelineParallelFirstStageLessLayers: 1,
 			PipelineParallelLastStageLessLayers:  1,
 			ContextParallelDegree:                1,
-			ContextParallelRotateMethod:          "allgather",
+			ContextParallelRotateMethod:          "alltoall",
 		},
 		Checkpoint: Checkpoint{
 			Folder:               "checkpoint",

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -96,7 +97,7 @@ func TestDefault(t *testing.T) {
 		"parallelism.pipeline_parallel_microbatch_size":  1,
 		"parallelism.pipeline_parallel_layers_per_stage": nil,
 		"parallelism.context_parallel_degree":            1,
-		"parallelism.context_parallel_rotate_method":     "allgather",
+		"parallelism.context_parallel_rotate_method":     "alltoall", // titan: its ring is point to point
 		"checkpoint.enable":                              false,
 		"checkpoint.folder":                              "checkpoint",
 		"checkpoint.interval":                            500,
@@ -244,8 +245,8 @@ func TestLayerKinds(t *testing.T) {
 [job]
 description = "from file"
 print_config = true
-[model]
-converters = ["a", "b"]
+[checkpoint]
+exclude_from_loading = ["optimizer", "dataloader"]
 [lr_scheduler]
 decay_ratio = 0.8
 total_steps = 100
@@ -261,17 +262,17 @@ max_norm = 2  # an integer is a fine number
 	}{
 		{"file", nil, nil, func(j *Job) bool {
 			return j.Job.Description == "from file" && j.Job.PrintConfig &&
-				reflect.DeepEqual(j.Model.Converters, []string{"a", "b"}) &&
+				reflect.DeepEqual(j.Checkpoint.ExcludeFromLoading, []string{"optimizer", "dataloader"}) &&
 				*j.LRScheduler.DecayRatio == 0.8 && *j.LRScheduler.TotalSteps == 100 &&
 				*j.Training.Seed == 5 && j.Training.MaxNorm == 2
 		}},
-		{"env string bool list", []string{"TITAN_JOB_DESCRIPTION=from env", "TITAN_JOB_PRINT_CONFIG=false", "TITAN_MODEL_CONVERTERS=x, y,z"}, nil, func(j *Job) bool {
+		{"env string bool list", []string{"TITAN_JOB_DESCRIPTION=from env", "TITAN_JOB_PRINT_CONFIG=false", "TITAN_CHECKPOINT_EXCLUDE_FROM_LOADING=model, optimizer,train_state"}, nil, func(j *Job) bool {
 			return j.Job.Description == "from env" && !j.Job.PrintConfig &&
-				reflect.DeepEqual(j.Model.Converters, []string{"x", "y", "z"})
+				reflect.DeepEqual(j.Checkpoint.ExcludeFromLoading, []string{"model", "optimizer", "train_state"})
 		}},
-		{"set toml list", nil, []string{`model.converters=["p", "q"]`, "checkpoint.exclude_from_loading=optimizer"}, func(j *Job) bool {
-			return reflect.DeepEqual(j.Model.Converters, []string{"p", "q"}) &&
-				reflect.DeepEqual(j.Checkpoint.ExcludeFromLoading, []string{"optimizer"})
+		{"set toml list", nil, []string{`checkpoint.exclude_from_loading=["lr_scheduler", "model"]`, "model.converters="}, func(j *Job) bool {
+			return reflect.DeepEqual(j.Checkpoint.ExcludeFromLoading, []string{"lr_scheduler", "model"}) &&
+				j.Model.Converters != nil && len(j.Model.Converters) == 0
 		}},
 		{"set empty list", nil, []string{"model.converters="}, func(j *Job) bool {
 			return j.Model.Converters != nil && len(j.Model.Converters) == 0
@@ -487,7 +488,7 @@ func TestTOMLRoundTrip(t *testing.T) {
 	custom := Default()
 	custom.Job.Description = `quotes " and ' and \ and newline
 inside`
-	custom.Model.Converters = []string{"float8", "x y"}
+	custom.Checkpoint.InitialLoadPath = "seed ckpt/with 'quotes'"
 	custom.Optimizer.LR = 1.2345678901234567e-7
 	custom.Optimizer.Eps = 1e-300
 	custom.LRScheduler.DecayRatio = &ratio
@@ -604,7 +605,6 @@ func TestValidate(t *testing.T) {
 		{"metrics.log_freq", func(j *Job) { j.Metrics.LogFreq = 0 }},
 		{"model.name", func(j *Job) { j.Model.Name = "" }},
 		{"model.flavor", func(j *Job) { j.Model.Flavor = "" }},
-		{"model.converters", func(j *Job) { j.Model.Converters = []string{"a", ""} }},
 		{"optimizer.name", func(j *Job) { j.Optimizer.Name = "adamw" }},
 		{"optimizer.lr", func(j *Job) { j.Optimizer.LR = 0 }},
 		{"optimizer.lr", func(j *Job) { j.Optimizer.LR = -1e-3 }},
@@ -661,6 +661,7 @@ func TestValidate(t *testing.T) {
 		{"checkpoint.keep_latest_k", func(j *Job) { j.Checkpoint.KeepLatestK = -1 }},
 		{"checkpoint.load_step", func(j *Job) { j.Checkpoint.LoadStep = -2 }},
 		{"checkpoint.exclude_from_loading", func(j *Job) { j.Checkpoint.ExcludeFromLoading = []string{""} }},
+		{"checkpoint.exclude_from_loading", func(j *Job) { j.Checkpoint.ExcludeFromLoading = []string{"optimizer", "scheduler"} }},
 		{"activation_checkpoint.mode", func(j *Job) { j.ActivationCheckpoint.Mode = "memory_budget" }},
 		{"activation_checkpoint.selective_ac_option", func(j *Job) { j.ActivationCheckpoint.SelectiveACOption = "0" }},
 		{"activation_checkpoint.selective_ac_option", func(j *Job) { j.ActivationCheckpoint.SelectiveACOption = "ops" }},
@@ -808,5 +809,128 @@ func TestEditDistance(t *testing.T) {
 		if got, want := editDistance(a, b), naiveDistance(a, b); got != want {
 			t.Fatalf("editDistance(%q, %q) = %d, naive %d", a, b, got, want)
 		}
+	}
+}
+
+// TestUnsupportedValuesAreRefused: every torchtitan value that titan does
+// not implement yet is refused by Validate with a message that names the
+// key, says "not supported yet" and names the value titan accepts; and the
+// accepted value passes.
+func TestUnsupportedValuesAreRefused(t *testing.T) {
+	tests := []struct {
+		key      string
+		set      func(j *Job)
+		accepted string
+	}{
+		{"training.mixed_precision_param", func(j *Job) { j.Training.MixedPrecisionParam = "bfloat16" }, `"float32"`},
+		{"model.converters", func(j *Job) { j.Model.Converters = []string{"float8"} }, "[]"},
+		{"profiling.enable_profiling", func(j *Job) { j.Profiling.EnableProfiling = true }, "false"},
+		{"profiling.enable_memory_snapshot", func(j *Job) { j.Profiling.EnableMemorySnapshot = true }, "false"},
+		{"metrics.enable_tensorboard", func(j *Job) { j.Metrics.EnableTensorboard = true }, "false"},
+		{"checkpoint.async_mode", func(j *Job) { j.Checkpoint.AsyncMode = "async" }, `"disabled"`},
+		{"checkpoint.async_mode", func(j *Job) { j.Checkpoint.AsyncMode = "async_with_pinned_mem" }, `"disabled"`},
+		{"checkpoint.last_save_in_hf", func(j *Job) { j.Checkpoint.LastSaveInHF = true }, "false"},
+		{"checkpoint.export_dtype", func(j *Job) { j.Checkpoint.ExportDtype = "bfloat16" }, `"float32"`},
+		{"checkpoint.export_dtype", func(j *Job) { j.Checkpoint.ExportDtype = "float16" }, `"float32"`},
+		{"checkpoint.create_seed_checkpoint", func(j *Job) { j.Checkpoint.CreateSeedCheckpoint = true }, "false"},
+		{"checkpoint.load_only", func(j *Job) { j.Checkpoint.LoadOnly = true }, "false"},
+		{"checkpoint.enable_first_step_checkpoint", func(j *Job) { j.Checkpoint.EnableFirstStepCheckpoint = true }, "false"},
+		{"checkpoint.initial_load_in_hf", func(j *Job) { j.Checkpoint.InitialLoadInHF = true }, "false"},
+		{"checkpoint.initial_load_model_only", func(j *Job) { j.Checkpoint.InitialLoadModelOnly = false }, "true"},
+		{"parallelism.context_parallel_rotate_method", func(j *Job) { j.Parallelism.ContextParallelRotateMethod = "allgather" }, `"alltoall"`},
+		{"parallelism.enable_async_tensor_parallel", func(j *Job) { j.Parallelism.EnableAsyncTensorParallel = true }, "false"},
+		{"parallelism.pipeline_parallel_schedule", func(j *Job) { j.Parallelism.PipelineParallelSchedule = "DualPipeV" }, `"1F1B"`},
+		{"parallelism.pipeline_parallel_schedule", func(j *Job) { j.Parallelism.PipelineParallelSchedule = "dualpipev" }, `"ZBVZeroBubble"`},
+	}
+	if err := Default().Validate(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	for _, tc := range tests {
+		t.Run(tc.key, func(t *testing.T) {
+			j := Default()
+			tc.set(j)
+			err := j.Validate()
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			var ke *KeyError
+			if !errors.As(err, &ke) || ke.Key != tc.key || !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %v: want a KeyError for %s", err, tc.key)
+			}
+			for _, want := range []string{tc.key, "not supported yet", tc.accepted} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q lacks %q", err, want)
+				}
+			}
+		})
+	}
+}
+
+// TestExcludeFromLoadingNames: the five torchtitan state names pass; any
+// other is refused with the nearest valid one suggested.
+func TestExcludeFromLoadingNames(t *testing.T) {
+	j := Default()
+	j.Checkpoint.ExcludeFromLoading = []string{"model", "optimizer", "lr_scheduler", "dataloader", "train_state"}
+	if err := j.Validate(); err != nil {
+		t.Fatalf("valid names refused: %v", err)
+	}
+	for _, tc := range []struct{ name, hint string }{
+		{"optimiser", `did you mean "optimizer"?`},
+		{"data_loader", `did you mean "dataloader"?`},
+		{"lr_schedule", `did you mean "lr_scheduler"?`},
+		{"weights", `"model", "optimizer"`},
+	} {
+		j.Checkpoint.ExcludeFromLoading = []string{"model", tc.name}
+		err := j.Validate()
+		if err == nil {
+			t.Errorf("%q accepted", tc.name)
+			continue
+		}
+		for _, want := range []string{"checkpoint.exclude_from_loading", strconv.Quote(tc.name), tc.hint} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("error %q lacks %q", err, want)
+			}
+		}
+	}
+}
+
+// TestSaveRoundTrip: Save writes a recipe that Load reads back to an equal
+// Job, replaces an existing file whole, and leaves no temporary file.
+func TestSaveRoundTrip(t *testing.T) {
+	seed, ratio := 11, 0.5
+	j := Default()
+	j.Job.DumpFolder = t.TempDir()
+	j.Job.SaveConfigFile = "sub/config.toml"
+	j.Job.Description = "saved \"run\""
+	j.Training.Seed = &seed
+	j.LRScheduler.DecayRatio = &ratio
+	j.Checkpoint.ExcludeFromLoading = []string{"dataloader"}
+	path := j.SavePath()
+	if want := filepath.Join(j.Job.DumpFolder, "sub", "config.toml"); path != want {
+		t.Fatalf("SavePath = %q, want %q", path, want)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("stale"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.SaveConfigFile(); err != nil {
+		t.Fatal(err)
+	}
+	back, err := Load(path, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back, j) {
+		t.Errorf("loaded back:\n%+v\nwant\n%+v", back, j)
+	}
+	entries, _ := os.ReadDir(filepath.Dir(path))
+	if len(entries) != 1 {
+		t.Errorf("folder holds %d entries, want only config.toml", len(entries))
+	}
+	j.Job.SaveConfigFile = ""
+	if j.SavePath() != "" || j.SaveConfigFile() != nil {
+		t.Error("empty job.save_config_file must write nothing")
 	}
 }

@@ -20,8 +20,13 @@ var (
 	exportDtypes           = []string{"float32", "bfloat16", "float16"}
 	asyncModes             = []string{"disabled", "async", "async_with_pinned_mem"}
 	acModes                = []string{"selective", "full", "none"}
-	pipelineSchedules      = []string{"1F1B", "GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
+	pipelineSchedules      = []string{"1F1B", "GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble"}
 	pipelineSchedulesLower = lowerAll(pipelineSchedules)
+	// unsupportedSchedules are torchtitan schedules titan does not run.
+	unsupportedSchedules = []string{"DualPipeV"}
+	// loadableStates are the parts of a checkpoint that
+	// checkpoint.exclude_from_loading can leave out (torchtitan's names).
+	loadableStates = []string{"model", "optimizer", "lr_scheduler", "dataloader", "train_state"}
 	// datasetKinds are the corpus formats of package data ("" = detect).
 	datasetKinds = []string{"", "text", "jsonl", "tokens", "gosrc"}
 )
@@ -85,9 +90,32 @@ func (v *validator) inRange(key string, x, lo, hi float64, hiOpen bool) {
 	}
 }
 
-func (v *validator) oneOf(key, x string, allowed []string) {
+// oneOf reports x unless it is one of allowed, and returns whether it is.
+func (v *validator) oneOf(key, x string, allowed []string) bool {
 	if !slices.Contains(allowed, x) {
 		v.fail(key, x, "must be one of %s", quoteAll(allowed))
+		return false
+	}
+	return true
+}
+
+// unsupported reports a value that torchtitan accepts and titan does not
+// implement yet; accepted says which value titan does accept.
+func (v *validator) unsupported(key string, value any, accepted string) {
+	v.fail(key, value, "not supported yet (titan accepts only %s)", accepted)
+}
+
+// only refuses a value other than the one titan implements.
+func (v *validator) only(key, x, want string) {
+	if x != want {
+		v.unsupported(key, x, strconv.Quote(want))
+	}
+}
+
+// off refuses a feature switch that is on.
+func (v *validator) off(key string, on bool) {
+	if on {
+		v.unsupported(key, on, "false")
 	}
 }
 
@@ -121,17 +149,19 @@ func (j *Job) Validate() error {
 	v.atLeast("profiling.profile_freq", p.ProfileFreq, 1)
 	v.atLeast("profiling.profiler_active", p.ProfilerActive, 1)
 	v.atLeast("profiling.profiler_warmup", p.ProfilerWarmup, 0)
+	// The folder and frequency keys only matter once these are on.
+	v.off("profiling.enable_profiling", p.EnableProfiling)
+	v.off("profiling.enable_memory_snapshot", p.EnableMemorySnapshot)
 
 	v.atLeast("metrics.log_freq", j.Metrics.LogFreq, 1)
+	// metrics.save_tb_folder only matters once TensorBoard is on.
+	v.off("metrics.enable_tensorboard", j.Metrics.EnableTensorboard)
 
 	m := j.Model
 	v.notEmpty("model.name", m.Name)
 	v.notEmpty("model.flavor", m.Flavor)
-	for _, c := range m.Converters {
-		if c == "" {
-			v.fail("model.converters", fmt.Sprintf("%q", m.Converters), "names must not be empty")
-			break
-		}
+	if len(m.Converters) > 0 {
+		v.unsupported("model.converters", fmt.Sprintf("%q", m.Converters), "[] (no converters)")
 	}
 
 	o := j.Optimizer
@@ -177,7 +207,9 @@ func (j *Job) Validate() error {
 	if t.Seed != nil {
 		v.atLeast("training.seed", *t.Seed, 0)
 	}
-	v.oneOf("training.mixed_precision_param", t.MixedPrecisionParam, precisions)
+	if v.oneOf("training.mixed_precision_param", t.MixedPrecisionParam, precisions) {
+		v.only("training.mixed_precision_param", t.MixedPrecisionParam, "float32")
+	}
 	v.atLeast("training.threads", t.Threads, 0)
 
 	par := j.Parallelism
@@ -185,8 +217,12 @@ func (j *Job) Validate() error {
 	v.atLeastOrMinus1("parallelism.data_parallel_shard_degree", par.DataParallelShardDegree, 1, "the workers left over")
 	v.oneOf("parallelism.fsdp_reshard_after_forward", par.FSDPReshardAfterForward, reshardModes)
 	v.atLeast("parallelism.tensor_parallel_degree", par.TensorParallelDegree, 1)
+	v.off("parallelism.enable_async_tensor_parallel", par.EnableAsyncTensorParallel)
 	v.atLeast("parallelism.pipeline_parallel_degree", par.PipelineParallelDegree, 1)
-	if !slices.Contains(pipelineSchedulesLower, strings.ToLower(par.PipelineParallelSchedule)) {
+	if slices.Contains(lowerAll(unsupportedSchedules), strings.ToLower(par.PipelineParallelSchedule)) {
+		v.unsupported("parallelism.pipeline_parallel_schedule", par.PipelineParallelSchedule,
+			"one of "+quoteAll(pipelineSchedules)+" (any case)")
+	} else if !slices.Contains(pipelineSchedulesLower, strings.ToLower(par.PipelineParallelSchedule)) {
 		v.fail("parallelism.pipeline_parallel_schedule", par.PipelineParallelSchedule,
 			"must be one of %s (any case)", quoteAll(pipelineSchedules))
 	}
@@ -197,23 +233,45 @@ func (j *Job) Validate() error {
 	v.atLeast("parallelism.pipeline_parallel_first_stage_less_layers", par.PipelineParallelFirstStageLessLayers, 0)
 	v.atLeast("parallelism.pipeline_parallel_last_stage_less_layers", par.PipelineParallelLastStageLessLayers, 0)
 	v.atLeast("parallelism.context_parallel_degree", par.ContextParallelDegree, 1)
-	v.oneOf("parallelism.context_parallel_rotate_method", par.ContextParallelRotateMethod, rotateMethods)
+	// titan's ring attention passes key/value blocks point to point, which
+	// is torchtitan's "alltoall" rotation.
+	if v.oneOf("parallelism.context_parallel_rotate_method", par.ContextParallelRotateMethod, rotateMethods) {
+		v.only("parallelism.context_parallel_rotate_method", par.ContextParallelRotateMethod, "alltoall")
+	}
 
 	c := j.Checkpoint
 	v.notEmpty("checkpoint.folder", c.Folder)
 	v.atLeast("checkpoint.interval", c.Interval, 1)
-	v.oneOf("checkpoint.export_dtype", c.ExportDtype, exportDtypes)
-	v.oneOf("checkpoint.async_mode", c.AsyncMode, asyncModes)
+	if v.oneOf("checkpoint.export_dtype", c.ExportDtype, exportDtypes) {
+		v.only("checkpoint.export_dtype", c.ExportDtype, "float32")
+	}
+	if v.oneOf("checkpoint.async_mode", c.AsyncMode, asyncModes) {
+		v.only("checkpoint.async_mode", c.AsyncMode, "disabled")
+	}
+	v.off("checkpoint.last_save_in_hf", c.LastSaveInHF)
+	v.off("checkpoint.create_seed_checkpoint", c.CreateSeedCheckpoint)
+	v.off("checkpoint.load_only", c.LoadOnly)
+	v.off("checkpoint.enable_first_step_checkpoint", c.EnableFirstStepCheckpoint)
+	v.off("checkpoint.initial_load_in_hf", c.InitialLoadInHF)
+	if !c.InitialLoadModelOnly {
+		// titan loads checkpoint.initial_load_path model-only.
+		v.unsupported("checkpoint.initial_load_model_only", false, "true")
+	}
 	if c.KeepLatestK < 0 || c.KeepLatestK == 1 {
 		v.fail("checkpoint.keep_latest_k", c.KeepLatestK,
 			"must be 0 (keep all) or >= 2 (the newest checkpoint may still be being written)")
 	}
 	v.atLeastOrMinus1("checkpoint.load_step", c.LoadStep, 0, "the newest")
 	for _, e := range c.ExcludeFromLoading {
-		if e == "" {
-			v.fail("checkpoint.exclude_from_loading", fmt.Sprintf("%q", c.ExcludeFromLoading), "names must not be empty")
-			break
+		if slices.Contains(loadableStates, e) {
+			continue
 		}
+		hint := ""
+		if best, ok := nearest(e, loadableStates); ok {
+			hint = fmt.Sprintf("; did you mean %q?", best)
+		}
+		v.fail("checkpoint.exclude_from_loading", fmt.Sprintf("%q", c.ExcludeFromLoading),
+			"%q is not a part of a checkpoint: the parts are %s%s", e, quoteAll(loadableStates), hint)
 	}
 
 	ac := j.ActivationCheckpoint

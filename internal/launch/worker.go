@@ -16,7 +16,8 @@ import (
 // Timings of the worker bootstrap; variables for tests.
 var (
 	// rendezvousTimeout bounds Join's wait for the control server and for
-	// every rank to arrive when ctx has no deadline.
+	// every rank to arrive when ctx has no deadline and the options set no
+	// InitTimeout.
 	rendezvousTimeout = 10 * time.Minute
 	// heartbeatEvery is the workers' heartbeat interval.
 	heartbeatEvery = time.Second
@@ -65,6 +66,12 @@ func Join(ctx context.Context, spec Spec) (*Worker, error) {
 // empty and the job spans several nodes, the world listens on all
 // interfaces and advertises the local address that routes to the control
 // endpoint, so that the other nodes can reach it.
+//
+// opts.InitTimeout (the recipe's comm.init_timeout_seconds), when set and
+// ctx has no deadline, bounds the whole bootstrap: reaching the control
+// server, every rank joining, and the world's connections; without it the
+// bound is 10 minutes. A bootstrap that runs out of time fails with an
+// error that wraps context.DeadlineExceeded and names the timeout.
 func JoinOptions(ctx context.Context, spec Spec, opts comm.Options) (*Worker, error) {
 	if spec.Mode != ModeWorker {
 		return nil, fmt.Errorf("launch: join: spec mode is %v, want worker", spec.Mode)
@@ -73,8 +80,12 @@ func JoinOptions(ctx context.Context, spec Spec, opts comm.Options) (*Worker, er
 		return nil, fmt.Errorf("launch: join: rank %d outside world size %d", spec.Rank, spec.WorldSize)
 	}
 	if _, ok := ctx.Deadline(); !ok {
+		timeout := rendezvousTimeout
+		if opts.InitTimeout > 0 {
+			timeout = opts.InitTimeout
+		}
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, rendezvousTimeout)
+		ctx, cancel = context.WithTimeoutCause(ctx, timeout, &initTimeoutError{timeout})
 		defer cancel()
 	}
 	w := &Worker{
@@ -115,7 +126,7 @@ func JoinOptions(ctx context.Context, spec Spec, opts comm.Options) (*Worker, er
 		Endpoint: spec.Endpoint, JobID: spec.JobID, Secret: spec.Secret, TLS: clientTLS, Timeout: time.Until(deadline(ctx)),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("launch: rank %d: %w", spec.Rank, err)
+		return nil, fmt.Errorf("launch: rank %d: %w%s", spec.Rank, err, timeoutNote(ctx))
 	}
 
 	if opts.Addr == "" && spec.NNodes > 1 {
@@ -139,7 +150,7 @@ func JoinOptions(ctx context.Context, spec Spec, opts comm.Options) (*Worker, er
 	rank, world, err := w.Control.Join(ctx, nodeRank, localRank, localWorld, advertise)
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
-			return nil, fmt.Errorf("launch: rank %d: not all %d ranks joined job %s at %s in time: %w", spec.Rank, spec.WorldSize, spec.JobID, spec.Endpoint, err)
+			return nil, fmt.Errorf("launch: rank %d: not all %d ranks joined job %s at %s in time: %w%s", spec.Rank, spec.WorldSize, spec.JobID, spec.Endpoint, err, timeoutNote(ctx))
 		}
 		return nil, fmt.Errorf("launch: rank %d joining job %s at %s: %w", spec.Rank, spec.JobID, spec.Endpoint, err)
 	}
@@ -150,10 +161,31 @@ func JoinOptions(ctx context.Context, spec Spec, opts comm.Options) (*Worker, er
 
 	w.World, err = comm.NewWorld(ctx, w.Control, rank, world, opts)
 	if err != nil {
-		return nil, fmt.Errorf("launch: rank %d creating the world group: %w", rank, err)
+		return nil, fmt.Errorf("launch: rank %d creating the world group: %w%s", rank, err, timeoutNote(ctx))
 	}
 	joined = true
 	return w, nil
+}
+
+// initTimeoutError is the cause of a bootstrap that ran out of its init
+// timeout.
+type initTimeoutError struct{ d time.Duration }
+
+func (e *initTimeoutError) Error() string {
+	return fmt.Sprintf("init timeout of %s exceeded (comm.init_timeout_seconds)", e.d)
+}
+
+// Is makes the cause match context.DeadlineExceeded.
+func (e *initTimeoutError) Is(target error) bool { return target == context.DeadlineExceeded }
+
+// timeoutNote explains a bootstrap error when ctx ran out of the init
+// timeout that Join set: "" otherwise.
+func timeoutNote(ctx context.Context) string {
+	var ie *initTimeoutError
+	if errors.As(context.Cause(ctx), &ie) {
+		return "; " + ie.Error()
+	}
+	return ""
 }
 
 // deadline returns ctx's deadline (Join always sets one).

@@ -1,6 +1,17 @@
 // Package metrics reports training progress: a console line per log step,
 // the same figures appended to <dump_folder>/metrics.jsonl, and a progress
 // bar between log steps when the console is a terminal.
+//
+// On a terminal the log line is coloured (each figure in its own colour,
+// as torchtitan does), unless the NO_COLOR environment variable is set to
+// a non-empty value (https://no-color.org) or Options.DisableColor
+// (metrics.disable_color_printing) is set. Output that is not a terminal
+// is never coloured.
+//
+// With Options.SaveForAllRanks (metrics.save_for_all_ranks) every rank
+// writes its own file: rank 0 <dump_folder>/metrics.jsonl as always, rank
+// R > 0 <dump_folder>/metrics_rank<R>.jsonl (RankFile). Without it only
+// rank 0 writes a file.
 package metrics
 
 import (
@@ -35,6 +46,7 @@ type Record struct {
 type Logger struct {
 	console  io.Writer
 	tty      bool
+	color    bool
 	file     *os.File
 	buf      *bufio.Writer
 	total    int
@@ -44,20 +56,64 @@ type Logger struct {
 // Open appends to <dumpFolder>/metrics.jsonl (creating the folder) and
 // prints to console; with dumpFolder "" it only prints. totalSteps sizes
 // the progress bar.
+//
+// It is OpenWith with the zero Options (rank 0, colour on a terminal).
 func Open(dumpFolder string, console io.Writer, totalSteps int) (*Logger, error) {
-	if dumpFolder == "" {
-		return &Logger{console: console, tty: isTerminal(console), total: totalSteps}, nil
+	return OpenWith(dumpFolder, console, totalSteps, Options{})
+}
+
+// Options are the per-rank and console settings of OpenWith.
+type Options struct {
+	// Rank is the worker's rank; rank 0 writes metrics.jsonl.
+	Rank int
+	// SaveForAllRanks makes ranks other than 0 write their records too,
+	// to metrics_rank<R>.jsonl (metrics.save_for_all_ranks). Without it
+	// they write no file.
+	SaveForAllRanks bool
+	// DisableColor prints the log line without terminal colours
+	// (metrics.disable_color_printing).
+	DisableColor bool
+	// Terminal overrides whether console is taken for a terminal (nil:
+	// detect it); for tests.
+	Terminal *bool
+}
+
+// RankFile is the name of rank's metrics file in the dump folder:
+// "metrics.jsonl" for rank 0, "metrics_rank<R>.jsonl" for rank R > 0.
+func RankFile(rank int) string {
+	if rank == 0 {
+		return "metrics.jsonl"
+	}
+	return fmt.Sprintf("metrics_rank%d.jsonl", rank)
+}
+
+// OpenWith appends to <dumpFolder>/RankFile(o.Rank) (creating the folder)
+// when o.Rank is 0 or o.SaveForAllRanks is set, and prints to console;
+// with dumpFolder "" it only prints. totalSteps sizes the progress bar.
+func OpenWith(dumpFolder string, console io.Writer, totalSteps int, o Options) (*Logger, error) {
+	tty := isTerminal(console)
+	if o.Terminal != nil {
+		tty = *o.Terminal
+	}
+	l := &Logger{console: console, tty: tty, total: totalSteps,
+		color: tty && !o.DisableColor && os.Getenv("NO_COLOR") == ""}
+	if dumpFolder == "" || (o.Rank != 0 && !o.SaveForAllRanks) {
+		return l, nil
 	}
 	if err := os.MkdirAll(dumpFolder, 0o755); err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
-	path := filepath.Join(dumpFolder, "metrics.jsonl")
+	path := filepath.Join(dumpFolder, RankFile(o.Rank))
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
-	return &Logger{console: console, tty: isTerminal(console), file: f, buf: bufio.NewWriter(f), total: totalSteps}, nil
+	l.file, l.buf = f, bufio.NewWriter(f)
+	return l, nil
 }
+
+// Colored reports whether the log line is printed in colour.
+func (l *Logger) Colored() bool { return l.color }
 
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
@@ -68,20 +124,44 @@ func isTerminal(w io.Writer) bool {
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
-// Line formats a record the way the console shows it.
-func Line(r Record) string {
-	s := fmt.Sprintf("step %5d  loss %7.4f  grad_norm %7.4f  lr %.3e  tokens/s %8.0f  tflops %7.4f  mfu %5.2f%%  mem %6.3f GiB  state %6.3f GiB",
-		r.Step, r.Loss, r.GradNorm, r.LR, r.TokensPerSec, r.TFLOPs, r.MFU, r.MemGiB, r.StateGiB)
-	if r.ValLoss != nil {
-		s += fmt.Sprintf("  val_loss %7.4f", *r.ValLoss)
+// ANSI colours of the log line's figures.
+const (
+	ansiReset   = "\033[0m"
+	ansiRed     = "\033[31m"
+	ansiGreen   = "\033[32m"
+	ansiYellow  = "\033[33m"
+	ansiBlue    = "\033[34m"
+	ansiMagenta = "\033[35m"
+	ansiCyan    = "\033[36m"
+	ansiGray    = "\033[90m"
+)
+
+// Line formats a record the way the console shows it, without colour.
+func Line(r Record) string { return line(r, false) }
+
+// ColorLine is Line with each figure in its own terminal colour.
+func ColorLine(r Record) string { return line(r, true) }
+
+func line(r Record, color bool) string {
+	c := func(code string) string {
+		if color {
+			return code
+		}
+		return ""
 	}
-	return s
+	s := fmt.Sprintf("%sstep %5d  %sloss %7.4f  %sgrad_norm %7.4f  %slr %.3e  %stokens/s %8.0f  %stflops %7.4f  %smfu %5.2f%%  %smem %6.3f GiB  state %6.3f GiB",
+		c(ansiRed), r.Step, c(ansiGreen), r.Loss, c(ansiYellow), r.GradNorm, c(ansiGray), r.LR, c(ansiBlue), r.TokensPerSec,
+		c(ansiCyan), r.TFLOPs, c(ansiMagenta), r.MFU, c(ansiGray), r.MemGiB, r.StateGiB)
+	if r.ValLoss != nil {
+		s += fmt.Sprintf("  %sval_loss %7.4f", c(ansiGreen), *r.ValLoss)
+	}
+	return s + c(ansiReset)
 }
 
 // Log prints r and appends it to metrics.jsonl.
 func (l *Logger) Log(r Record) error {
 	l.clearBar()
-	fmt.Fprintln(l.console, Line(r))
+	fmt.Fprintln(l.console, line(r, l.color))
 	if l.file == nil {
 		return nil
 	}

@@ -82,3 +82,92 @@ func TestPlotRun(t *testing.T) {
 		t.Error("plotting a folder without metrics.jsonl must fail")
 	}
 }
+
+// TestColor: the log line is coloured on a terminal, and not when
+// disable_color_printing or NO_COLOR says so or the console is no
+// terminal; the text without the escapes is the same either way.
+func TestColor(t *testing.T) {
+	yes, no := true, false
+	tests := []struct {
+		name    string
+		opts    Options
+		noColor string
+		want    bool
+	}{
+		{"terminal", Options{Terminal: &yes}, "", true},
+		{"terminal, disable_color_printing", Options{Terminal: &yes, DisableColor: true}, "", false},
+		{"terminal, NO_COLOR", Options{Terminal: &yes}, "1", false},
+		{"not a terminal", Options{Terminal: &no}, "", false},
+		{"detected: a buffer", Options{}, "", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("NO_COLOR", tc.noColor)
+			var out bytes.Buffer
+			l, err := OpenWith("", &out, 0, tc.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			v := 1.5
+			r := Record{Step: 3, Loss: 2.25, ValLoss: &v}
+			if err := l.Log(r); err != nil {
+				t.Fatal(err)
+			}
+			got := out.String()
+			if colored := strings.Contains(got, "\033["); colored != tc.want || l.Colored() != tc.want {
+				t.Errorf("coloured = %v (Colored %v), want %v: %q", colored, l.Colored(), tc.want, got)
+			}
+			plain := got
+			for _, code := range []string{ansiReset, ansiRed, ansiGreen, ansiYellow, ansiBlue, ansiMagenta, ansiCyan, ansiGray} {
+				plain = strings.ReplaceAll(plain, code, "")
+			}
+			if plain != Line(r)+"\n" {
+				t.Errorf("text %q, want %q", plain, Line(r)+"\n")
+			}
+		})
+	}
+}
+
+// TestSaveForAllRanks: rank 0 writes metrics.jsonl; another rank writes
+// metrics_rank<R>.jsonl only with SaveForAllRanks.
+func TestSaveForAllRanks(t *testing.T) {
+	tests := []struct {
+		rank    int
+		all     bool
+		file    string // "" for none
+		wantAny bool
+	}{
+		{0, false, "metrics.jsonl", true},
+		{0, true, "metrics.jsonl", true},
+		{1, false, "", false},
+		{1, true, "metrics_rank1.jsonl", true},
+		{3, true, "metrics_rank3.jsonl", true},
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprintf("rank%d_all%v", tc.rank, tc.all), func(t *testing.T) {
+			dir := t.TempDir()
+			l, err := OpenWith(dir, &bytes.Buffer{}, 2, Options{Rank: tc.rank, SaveForAllRanks: tc.all})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.Log(Record{Step: 1, Loss: float64(10 + tc.rank)})
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
+			entries, _ := os.ReadDir(dir)
+			if !tc.wantAny {
+				if len(entries) != 0 {
+					t.Errorf("rank %d without save_for_all_ranks wrote %v", tc.rank, entries)
+				}
+				return
+			}
+			if len(entries) != 1 || entries[0].Name() != tc.file || RankFile(tc.rank) != tc.file {
+				t.Fatalf("files %v, want only %s", entries, tc.file)
+			}
+			recs, err := ReadJSONL(filepath.Join(dir, tc.file))
+			if err != nil || len(recs) != 1 || recs[0].Loss != float64(10+tc.rank) {
+				t.Errorf("records %+v, %v", recs, err)
+			}
+		})
+	}
+}
