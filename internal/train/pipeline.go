@@ -557,7 +557,7 @@ func (tr *Trainer) ppTrainStep() (loss, gradNorm, lr float64, err error) {
 	}
 	p.simulated = p.sched.Simulate(cf, cb, cw, 0).Bubble
 	norm, scale := optim.ClipScale(v[0], float32(tr.Job.Training.MaxNorm))
-	lr = tr.Sched.LR(tr.Step)
+	lr = tr.Sched.LR(tr.Step - tr.schedStart)
 	if err := tr.Opt.Update(p.params, p.grads, float32(lr), scale); err != nil {
 		return 0, 0, 0, err
 	}

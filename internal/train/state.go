@@ -200,9 +200,17 @@ func (tr *Trainer) loadFull(r *checkpoint.Reader) error {
 			}
 		}
 	}
-	if err := tr.loadTensor(r, "model/", tr.paramsTensor()); err != nil {
-		return err
+	if !slices.Contains(exclude, "model") {
+		if err := tr.loadTensor(r, "model/", tr.paramsTensor()); err != nil {
+			return err
+		}
 	}
-	tr.Step, tr.seed, tr.elapsed = ts.Step, ts.Seed, ts.ElapsedS
+	if !slices.Contains(exclude, "train_state") {
+		tr.Step, tr.seed, tr.elapsed = ts.Step, ts.Seed, ts.ElapsedS
+	}
+	if slices.Contains(exclude, "lr_scheduler") {
+		// The schedule starts again from its first step.
+		tr.schedStart = tr.Step
+	}
 	return nil
 }

@@ -49,6 +49,7 @@ type Trainer struct {
 	seed       uint64
 	peakFLOPS  float64
 	elapsed    float64 // seconds of training before this process (resumed runs)
+	schedStart int     // step the learning-rate schedule counts from (checkpoint.exclude_from_loading lr_scheduler)
 	ckptFolder string
 	// mesh is the device mesh and groups its communication groups,
 	// built once.
@@ -164,9 +165,12 @@ func New(job *config.Job, out io.Writer, dist *Dist) (*Trainer, error) {
 		nOpt = tr.eng.Params().Len
 	}
 	oc := job.Optimizer
-	tr.Opt = optim.NewAdamW(be, nOpt, optim.AdamWConfig{
+	if tr.Opt, err = optim.New(be, nOpt, optim.Config{
+		Name: oc.Name, Implementation: oc.Implementation,
 		LR: float32(oc.LR), Beta1: float32(oc.Beta1), Beta2: float32(oc.Beta2), Eps: float32(oc.Eps), WeightDecay: float32(oc.WeightDecay),
-	})
+	}); err != nil {
+		return nil, fmt.Errorf("optimizer: %w", err)
+	}
 	ls := job.LRScheduler
 	tr.Sched = optim.Schedule{PeakLR: oc.LR, Warmup: ls.WarmupSteps, Total: job.Training.Steps, DecayRatio: -1, DecayType: ls.DecayType, MinLRFactor: ls.MinLRFactor}
 	if ls.TotalSteps != nil {
@@ -268,10 +272,11 @@ func (tr *Trainer) Run(ctx context.Context) error {
 	job := tr.Job
 	var err error
 	folder := job.Job.DumpFolder
-	if tr.dist.Rank != 0 {
+	if tr.dist.Rank != 0 && !job.Metrics.SaveForAllRanks {
 		folder = "" // one metrics.jsonl per job, written by rank 0
 	}
-	tr.log, err = metrics.Open(folder, tr.out, job.Training.Steps)
+	tr.log, err = metrics.OpenWith(folder, tr.out, job.Training.Steps, metrics.Options{
+		Rank: tr.dist.Rank, SaveForAllRanks: job.Metrics.SaveForAllRanks, DisableColor: job.Metrics.DisableColorPrinting})
 	if err != nil {
 		return err
 	}
@@ -450,7 +455,7 @@ func (tr *Trainer) TrainStep() (loss, gradNorm, lr float64, err error) {
 		return 0, 0, 0, err
 	}
 	norm, scale := optim.ClipScale(sumSq, float32(tr.Job.Training.MaxNorm))
-	lr = tr.Sched.LR(tr.Step)
+	lr = tr.Sched.LR(tr.Step - tr.schedStart)
 	if err := tr.Opt.Update(tr.eng.Params(), tr.eng.Grads(), float32(lr), scale); err != nil {
 		return 0, 0, 0, err
 	}
