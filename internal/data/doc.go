@@ -40,6 +40,14 @@
 // data-parallel rank takes its rows with [Batch.Shard]. The tokens a step
 // trains on therefore never depend on how many workers share it.
 //
+// # Validation split
+//
+// [HoldOut] (Config.HoldOut) keeps every N-th shard for validation and the
+// rest for training. A text corpus with fewer than N documents, such as a
+// single file of a few MiB, is first cut into at least N pieces at line
+// boundaries, so that its validation split is about the last 1/N of it
+// (exactly the last piece for one file) and never empty.
+//
 // # Resuming
 //
 // [Loader.State] captures the stream position, the seed and the leftover

@@ -138,17 +138,3 @@ func splitDocs(s []int32) []string {
 	}
 	return docs
 }
-
-// shakespeare returns the path of the tinyshakespeare text of the shared
-// data folder, or "" if it is not there.
-func shakespeare() string {
-	dir, _ := os.Getwd()
-	for range 6 {
-		p := filepath.Join(dir, "shared", "data", "tinyshakespeare", "input.txt")
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-		dir = filepath.Dir(dir)
-	}
-	return ""
-}

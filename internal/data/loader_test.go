@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/titan-go/titan/internal/testenv"
 )
 
 // corpus is a small text folder: nested, with files that must be filtered.
@@ -614,9 +616,7 @@ func TestDetectKind(t *testing.T) {
 
 func TestGoSourceCorpus(t *testing.T) {
 	src, err := GoSourceCorpus()
-	if err != nil {
-		t.Skipf("no Go source tree: %v", err)
-	}
+	testenv.Require(t, fmt.Sprintf("the Go source tree (%v)", err), err == nil)
 	defer src.Close()
 	if n := src.NumShards(); n < 500 {
 		t.Fatalf("only %d documents in %s", n, src.Name())
@@ -681,10 +681,7 @@ func TestPretokenize(t *testing.T) {
 // BenchmarkPackShakespeare measures packing throughput (reading, byte-level
 // encoding, windowing) on tinyshakespeare.
 func BenchmarkPackShakespeare(b *testing.B) {
-	p := shakespeare()
-	if p == "" {
-		b.Skip("tinyshakespeare not found under shared/data")
-	}
+	p := testenv.SharedData(b, "tinyshakespeare", "input.txt")
 	l, err := Open(Config{Path: p, SeqLen: 1024, BatchSize: 8, Seed: 1}, byteEnc{})
 	if err != nil {
 		b.Fatal(err)

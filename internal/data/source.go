@@ -216,12 +216,31 @@ func splitmix64(x uint64) uint64 {
 // with held true only the held-out ones (the validation split). The split
 // does not depend on the seed. Shards are documents for text sources and
 // blocks of lines or tokens for jsonl and token sources.
+//
+// A text source with fewer than every documents (typically one file of a
+// few MiB, such as tinyshakespeare's input.txt) would have an empty
+// validation split, so it is first cut again into at least every pieces
+// of about total/every bytes at line boundaries, and every every-th piece
+// is held out: for one file of exactly every pieces, that is its last
+// 1/every. The two splits stay disjoint and together cover the corpus;
+// both are cut the same way since the choice depends on the source alone.
+// A corpus too small to cut into every pieces of at least 64 bytes keeps
+// the error.
 func HoldOut(src Source, every int, held bool) (Source, error) {
 	if every < 2 {
 		return nil, fmt.Errorf("data: HoldOut needs every >= 2, got %d", every)
 	}
 	h := &holdOut{src: src, every: every, held: held}
-	n := src.NumShards()
+	if r, ok := src.(resharder); ok && src.NumShards() < every {
+		finer, ok, err := r.reshard(every)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			h.src, h.orig = finer, src
+		}
+	}
+	n := h.src.NumShards()
 	if held {
 		h.n = n / every
 	} else {
@@ -229,13 +248,20 @@ func HoldOut(src Source, every int, held bool) (Source, error) {
 	}
 	if h.n == 0 {
 		return nil, fmt.Errorf("data: the %s split of %s (held out: every %d-th of %d shards) has no shards: %w",
-			h.splitName(), src.Name(), every, n, ErrEmpty)
+			h.splitName(), h.src.Name(), every, n, ErrEmpty)
 	}
 	return h, nil
 }
 
+// resharder is a Source that can cut its content into more, smaller
+// shards (see HoldOut).
+type resharder interface {
+	reshard(n int) (src Source, ok bool, err error)
+}
+
 type holdOut struct {
 	src   Source
+	orig  Source // the source src was cut again from (nil: none)
 	every int
 	held  bool
 	n     int
@@ -272,7 +298,15 @@ func (h *holdOut) Fingerprint() string {
 	return hashStrings("holdout", h.src.Fingerprint(), fmt.Sprint(h.every), fmt.Sprint(h.held))
 }
 
-func (h *holdOut) Close() error { return h.src.Close() }
+func (h *holdOut) Close() error {
+	err := h.src.Close()
+	if h.orig != nil {
+		if e := h.orig.Close(); err == nil {
+			err = e
+		}
+	}
+	return err
+}
 
 // hashStrings returns the hex SHA-256 of the NUL-separated parts.
 func hashStrings(parts ...string) string {

@@ -22,6 +22,8 @@ const minDocBytes = 64
 
 // textSource is a Source of plain-text files, one shard per document.
 type textSource struct {
+	label    string   // the name without the file count
+	exts     []string // the extensions the files were filtered by
 	name     string
 	files    []fileEntry
 	docBytes int64
@@ -68,6 +70,8 @@ func newTextSource(name string, files []fileEntry, docBytes int, exts []string) 
 		return nil, err
 	}
 	s := &textSource{
+		label:    name,
+		exts:     exts,
 		name:     fmt.Sprintf("%s (%d files)", name, len(kept)),
 		files:    kept,
 		docBytes: int64(docBytes),
@@ -80,6 +84,26 @@ func newTextSource(name string, files []fileEntry, docBytes int, exts []string) 
 	}
 	s.fp = hashStrings(parts...)
 	return s, nil
+}
+
+// reshard returns the same files cut into at least n documents (pieces of
+// about total/n bytes, at line boundaries), for a hold-out split of a
+// corpus with too few documents; ok is false when the pieces would be
+// smaller than the minimum piece size or no smaller than today's.
+func (s *textSource) reshard(n int) (src Source, ok bool, err error) {
+	var total int64
+	for _, f := range s.files {
+		total += f.size
+	}
+	docBytes := total / int64(n)
+	if n < 1 || docBytes < minDocBytes || docBytes >= s.docBytes {
+		return nil, false, nil
+	}
+	r, err := newTextSource(s.label, s.files, int(docBytes), s.exts)
+	if err != nil {
+		return nil, false, err
+	}
+	return r, true, nil
 }
 
 func (s *textSource) Name() string        { return s.name }

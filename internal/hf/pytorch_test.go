@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/titan-go/titan/internal/model/llama"
+	"github.com/titan-go/titan/internal/testenv"
 )
 
 const (
@@ -101,11 +102,8 @@ func loadGolden(t *testing.T) *golden {
 // (normwise relative) for a float32 export; a sharded bfloat16 export must
 // come within the error of rounding the weights to bfloat16.
 func TestPyTorchHFLogits(t *testing.T) {
-	// find_spec looks for the modules without importing them (fast).
-	probe := "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None or u.find_spec('numpy') is None)"
-	if out, err := exec.Command(python, "-c", probe).CombinedOutput(); err != nil {
-		t.Skipf("%s lacks torch or numpy (%v: %s); skipping the PyTorch interop check", python, err, out)
-	}
+	testenv.Torch(t)
+	testenv.PythonModule(t, "numpy")
 	g := loadGolden(t)
 	cfg, err := llama.Flavor("tiny")
 	if err != nil {

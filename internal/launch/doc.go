@@ -20,7 +20,10 @@
 // WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR and MASTER_PORT,
 // plus TITANRUN_ENDPOINT, TITANRUN_SECRET, TITANRUN_JOB_ID and
 // TITANRUN_THREADS (the worker's share of the node's cores; also set as
-// GOMAXPROCS unless the launcher's environment sets GOMAXPROCS). The
+// GOMAXPROCS unless the launcher's environment sets GOMAXPROCS), and
+// TITANRUN_HOST_PEAK_FLOPS, the node's GEMM peak measured once with all
+// its cores before the workers start (kept when already set), so that
+// every worker computes MFU against the same host peak. The
 // TITAN_<SECTION>_<KEY> names belong to recipe keys and are not used.
 //
 // # Trust assumptions

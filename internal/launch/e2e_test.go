@@ -27,6 +27,7 @@ import (
 
 	"github.com/titan-go/titan/internal/comm"
 	"github.com/titan-go/titan/internal/control"
+	"github.com/titan-go/titan/internal/testenv"
 )
 
 // allreduceLen is the length of the vector the fake workers all-reduce: not
@@ -324,16 +325,12 @@ func TestLaunchPortInUse(t *testing.T) {
 // Slurm cluster (scripts/slurm/setup-single-host.sh sets one up on this
 // host) and checks that the 4 tasks joined and all-reduced.
 func TestSlurm(t *testing.T) {
-	srun, err := exec.LookPath("srun")
-	if err != nil {
-		t.Skip("srun not found: run scripts/slurm/setup-single-host.sh as root to set up a one-host Slurm cluster")
-	}
+	srun := testenv.Tool(t, "srun", "run scripts/slurm/setup-single-host.sh as root to set up a one-host Slurm cluster")
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	state, err := exec.CommandContext(ctx, "sinfo", "-h", "-o", "%T").Output()
-	if err != nil || !regexp.MustCompile(`(?m)^(idle|mixed)`).Match(state) {
-		t.Skipf("no idle Slurm node (sinfo: %q, %v): run scripts/slurm/setup-single-host.sh as root", strings.TrimSpace(string(state)), err)
-	}
+	testenv.Require(t, fmt.Sprintf("an idle Slurm node (sinfo: %q, %v; run scripts/slurm/setup-single-host.sh as root)", strings.TrimSpace(string(state)), err),
+		err == nil && regexp.MustCompile(`(?m)^(idle|mixed)`).Match(state))
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)

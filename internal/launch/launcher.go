@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/titan-go/titan/internal/backend/cpu"
 	"github.com/titan-go/titan/internal/control"
 )
 
@@ -226,7 +227,7 @@ func (l *launcher) run(ctx context.Context) error {
 	// this goroutine on one thread, which lives as long as Launch runs.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	base := os.Environ()
+	base := hostPeakEnv(os.Environ(), cpu.MeasureHostPeak)
 	for lr := range spec.NProcPerNode {
 		rank := spec.NodeRank*spec.NProcPerNode + lr
 		c := &child{rank: rank, localRank: lr}
@@ -472,6 +473,26 @@ func workerEnv(base []string, spec Spec, lr int, endpoint, jobID, secret string,
 		set("GOMAXPROCS", strconv.Itoa(threads))
 	}
 	return env
+}
+
+// hostPeakEnv returns base with cpu.EnvHostPeakFLOPS set, so that every
+// worker of this node computes MFU against the same peak, measured once
+// with all the node's cores before any worker starts: a valid value
+// already in base (set by the user or a scheduler) is kept, otherwise
+// measure supplies it.
+func hostPeakEnv(base []string, measure func() float64) []string {
+	out := make([]string, 0, len(base)+1)
+	for _, kv := range base {
+		k, v, _ := strings.Cut(kv, "=")
+		if k == cpu.EnvHostPeakFLOPS {
+			if _, err := cpu.ParseHostPeak(v); err == nil {
+				return base
+			}
+			continue
+		}
+		out = append(out, kv)
+	}
+	return append(out, cpu.EnvHostPeakFLOPS+"="+cpu.FormatHostPeak(measure()))
 }
 
 // randomHex returns n random bytes in hex.

@@ -52,6 +52,16 @@ type Worker struct {
 	servErr chan error
 }
 
+// Hosts is the number of hosts (nodes) of the job: the world size over
+// the workers per node, rounded up; 1 when unknown. MFU divides by the
+// peak of that many hosts (see cpu.HostPeakFLOPS).
+func (w *Worker) Hosts() int {
+	if w.LocalWorldSize < 1 || w.WorldSize < 1 {
+		return 1
+	}
+	return (w.WorldSize + w.LocalWorldSize - 1) / w.LocalWorldSize
+}
+
 // Join bootstraps a worker (spec.Mode == ModeWorker, from Detect): when
 // the worker hosts the control server (rank 0 under Slurm and env://) it
 // starts it; it dials the control plane, joins the rendezvous, starts

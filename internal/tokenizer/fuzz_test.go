@@ -1,8 +1,6 @@
 package tokenizer
 
 import (
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -21,7 +19,7 @@ func FuzzRoundTrip(f *testing.F) {
 	}
 	toks := []Tokenizer{NewByte(), trainedSmall(f)}
 	var tkRanks map[string]int
-	if p := filepath.Join(sharedData(), tiktokenTestFile); fileExists(p) {
+	if haveDataFile(tiktokenTestFile) {
 		tk := loadTestTiktoken(f)
 		toks = append(toks, tk)
 		tkRanks = ranksOf(tk)
@@ -57,9 +55,4 @@ func FuzzRoundTrip(f *testing.F) {
 			}
 		}
 	})
-}
-
-func fileExists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
 }

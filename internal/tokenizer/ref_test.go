@@ -10,31 +10,28 @@ import (
 	"encoding/base64"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/titan-go/titan/internal/testenv"
 )
 
-// sharedData is the shared data folder; TITAN_DATA overrides it.
-func sharedData() string {
-	if d := os.Getenv("TITAN_DATA"); d != "" {
-		return d
-	}
-	return "/work/shared/data"
-}
-
-// dataFile returns the path of a shared data file, skipping the test if it
-// is absent.
+// dataFile returns the path of a file of the shared data folder
+// (../shared/data beside the repository, or $TITAN_DATA), skipping the test
+// if it is absent (failing it in CI).
 func dataFile(tb testing.TB, rel string) string {
 	tb.Helper()
-	p := filepath.Join(sharedData(), rel)
-	if _, err := os.Stat(p); err != nil {
-		tb.Skipf("test data not available: %v", err)
-	}
-	return p
+	return testenv.SharedData(tb, strings.Split(rel, "/")...)
+}
+
+// haveDataFile reports whether a shared data file exists, for tests that
+// use it when present.
+func haveDataFile(rel string) bool {
+	_, ok := testenv.FindSharedData(strings.Split(rel, "/")...)
+	return ok
 }
 
 const (

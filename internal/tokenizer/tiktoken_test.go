@@ -193,7 +193,7 @@ func TestRoundTrip(t *testing.T) {
 // text and EncodeWithSpecials maps each occurrence to one id.
 func TestSpecialText(t *testing.T) {
 	toks := []Tokenizer{NewByte(), trainedSmall(t)}
-	if _, err := os.Stat(filepath.Join(sharedData(), tiktokenTestFile)); err == nil {
+	if haveDataFile(tiktokenTestFile) {
 		toks = append(toks, loadTestTiktoken(t))
 	}
 	for _, tok := range toks {

@@ -1,6 +1,10 @@
 package cpu
 
 import (
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
 	"sync"
 	"time"
 
@@ -19,7 +23,16 @@ type peakResult struct {
 // cache-friendly 512×512×512 product with all its threads, measured once
 // per thread count (about 50 ms). It is the reference for MFU on the CPU,
 // where the theoretical peak depends on clock boosts a VM cannot see.
+//
+// MFU should use HostPeakFLOPS instead: the peak of one thread share
+// depends on how the cores are split and on what else runs meanwhile.
 func (b *Backend) PeakFLOPS() float64 {
+	return b.measurePeak()
+}
+
+// measurePeak measures (once per thread count) the GEMM throughput of
+// b's workers.
+func (b *Backend) measurePeak() float64 {
 	v, _ := peaks.LoadOrStore(b.pool.Size(), &peakResult{})
 	r := v.(*peakResult)
 	r.once.Do(func() {
@@ -43,3 +56,54 @@ func (b *Backend) PeakFLOPS() float64 {
 	})
 	return r.flops
 }
+
+// EnvHostPeakFLOPS is the environment variable through which a launcher
+// hands the host's measured peak (FLOP/s, a decimal number) to its
+// workers, so that every worker of a host uses the same peak. It is in the
+// launcher's TITANRUN_ namespace because TITAN_<SECTION>_<KEY> names are
+// recipe keys.
+const EnvHostPeakFLOPS = "TITANRUN_HOST_PEAK_FLOPS"
+
+var host struct {
+	once  sync.Once
+	flops float64
+}
+
+// HostPeakFLOPS is the float32 GEMM peak of this whole host, the
+// reference for MFU whatever the layout: the value of EnvHostPeakFLOPS
+// when it is set (by the launcher, which measures once before starting
+// its workers) and valid, else PeakFLOPS measured once with
+// runtime.NumCPU() threads (a single process; it should run before the
+// process starts other work). The result is cached. MFU is then model
+// FLOPs × tokens/s ÷ (HostPeakFLOPS × number of hosts).
+func HostPeakFLOPS() float64 {
+	host.once.Do(func() {
+		if v, err := ParseHostPeak(os.Getenv(EnvHostPeakFLOPS)); err == nil && v > 0 {
+			host.flops = v
+			return
+		}
+		host.flops = MeasureHostPeak()
+	})
+	return host.flops
+}
+
+// MeasureHostPeak measures the GEMM peak with one thread per core, on a
+// backend of its own that it closes afterwards (cached per thread count,
+// as PeakFLOPS is).
+func MeasureHostPeak() float64 {
+	b := New(runtime.NumCPU())
+	defer b.Close()
+	return b.measurePeak()
+}
+
+// ParseHostPeak parses an EnvHostPeakFLOPS value; "" is an error too.
+func ParseHostPeak(s string) (float64, error) {
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil || v <= 0 || v != v || v > 1e30 {
+		return 0, fmt.Errorf("cpu: %s=%q is not a positive FLOP/s rate", EnvHostPeakFLOPS, s)
+	}
+	return v, nil
+}
+
+// FormatHostPeak writes a peak for EnvHostPeakFLOPS.
+func FormatHostPeak(flops float64) string { return strconv.FormatFloat(flops, 'g', -1, 64) }

@@ -1,0 +1,367 @@
+// Package memplan estimates the memory one rank of a training job needs
+// before anything is allocated, so that a run that cannot fit is refused
+// with the reason and a layout that would fit, instead of being killed by
+// the kernel half-way through its first step.
+//
+// The estimate is computed from the model's shapes alone (float32
+// everywhere, as the CPU backend stores it): parameters, gradients and the
+// two AdamW moments (sharded over dp_shard, tp and the pipeline stages),
+// the transient FSDP unit buffers, the activations that the activation
+// checkpointing policy keeps, and the communication buffers of the
+// parallel dimensions. It follows the plan of internal/model/llama (which
+// activations a layer keeps, how the logits are chunked) but does not call
+// it, so it also covers layouts the model is not built for here.
+package memplan
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/titan-go/titan/internal/config"
+	"github.com/titan-go/titan/internal/model/llama"
+)
+
+// bytesPerFloat is the size of one stored element: titan keeps
+// parameters, gradients, moments and activations in float32.
+const bytesPerFloat = 4
+
+// logitBudget is the most logits elements one rank materialises at once:
+// the model chunks the vocabulary to keep them under 64 MiB.
+const logitBudget = 16 << 20
+
+// Degrees are the sizes of the parallel dimensions of a job's mesh.
+type Degrees struct {
+	PP, DPReplicate, DPShard, CP, TP int
+}
+
+// World is the number of ranks the degrees lay out.
+func (d Degrees) World() int { return d.PP * d.DPReplicate * d.DPShard * d.CP * d.TP }
+
+// String writes the degrees as the recipe's keys.
+func (d Degrees) String() string {
+	return fmt.Sprintf("pp %d × dp_replicate %d × dp_shard %d × cp %d × tp %d", d.PP, d.DPReplicate, d.DPShard, d.CP, d.TP)
+}
+
+// Checkpoint is the [activation_checkpoint] policy: Mode "none" (or ""),
+// "full" or "selective" with Option a positive integer N (recompute every
+// N-th layer) or "op" (keep the matmul and attention outputs, recompute the
+// element-wise operations).
+type Checkpoint struct {
+	Mode, Option string
+}
+
+// String spells the policy as the recipe does.
+func (c Checkpoint) String() string {
+	switch c.Mode {
+	case "", "none":
+		return "none"
+	case "selective":
+		return "selective " + c.Option
+	}
+	return c.Mode
+}
+
+// Plan is what one rank of a job will hold.
+type Plan struct {
+	// Model is the model's shape.
+	Model llama.Config
+	// Flavor names the model for messages (optional).
+	Flavor string
+	// Batch is the local batch size B (sequences per data-parallel rank
+	// and microstep), SeqLen the sequence length T.
+	Batch, SeqLen int
+	// MicrobatchRows is the number of sequences of a pipeline microbatch
+	// (0: the whole local batch); used only when Degrees.PP > 1.
+	MicrobatchRows int
+	// Degrees is the mesh. A zero degree counts as 1.
+	Degrees Degrees
+	// Reshard is parallelism.fsdp_reshard_after_forward: "default",
+	// "always" or "never".
+	Reshard string
+	// Checkpoint is the activation checkpointing policy.
+	Checkpoint Checkpoint
+}
+
+// FromJob returns the plan of one rank of job on world ranks; a
+// data_parallel_shard_degree of -1 takes the ranks the other degrees leave.
+func FromJob(job *config.Job, world int) (Plan, error) {
+	cfg, err := llama.Flavor(job.Model.Flavor)
+	if err != nil {
+		return Plan{}, fmt.Errorf("memplan: model.flavor: %w", err)
+	}
+	p := job.Parallelism
+	d := Degrees{PP: p.PipelineParallelDegree, DPReplicate: p.DataParallelReplicateDegree, DPShard: p.DataParallelShardDegree, CP: p.ContextParallelDegree, TP: p.TensorParallelDegree}
+	if d.DPShard == -1 {
+		others := max(1, d.PP) * max(1, d.DPReplicate) * max(1, d.CP) * max(1, d.TP)
+		if world%others != 0 {
+			return Plan{}, fmt.Errorf("memplan: %d ranks cannot be split over pp %d × dp_replicate %d × cp %d × tp %d (data_parallel_shard_degree = -1)", world, d.PP, d.DPReplicate, d.CP, d.TP)
+		}
+		d.DPShard = world / others
+	}
+	plan := Plan{
+		Model: cfg, Flavor: job.Model.Flavor,
+		Batch: job.Training.LocalBatchSize, SeqLen: job.Training.SeqLen,
+		MicrobatchRows: p.PipelineParallelMicrobatchSize,
+		Degrees:        d, Reshard: p.FSDPReshardAfterForward,
+		Checkpoint: Checkpoint{Mode: job.ActivationCheckpoint.Mode, Option: job.ActivationCheckpoint.SelectiveACOption},
+	}
+	return plan, plan.normalize()
+}
+
+// normalize turns zero degrees into 1 and checks the plan's numbers.
+func (p *Plan) normalize() error {
+	for _, d := range []*int{&p.Degrees.PP, &p.Degrees.DPReplicate, &p.Degrees.DPShard, &p.Degrees.CP, &p.Degrees.TP} {
+		if *d == 0 {
+			*d = 1
+		}
+		if *d < 1 {
+			return fmt.Errorf("memplan: parallel degrees must be positive (got %s)", p.Degrees)
+		}
+	}
+	if p.Batch < 1 || p.SeqLen < 1 {
+		return fmt.Errorf("memplan: local batch %d and sequence length %d must be positive", p.Batch, p.SeqLen)
+	}
+	if p.Model.NLayers < 1 || p.Model.Dim < 1 || p.Model.NHeads < 1 {
+		return fmt.Errorf("memplan: model shape dim %d, n_layers %d, n_heads %d is not valid", p.Model.Dim, p.Model.NLayers, p.Model.NHeads)
+	}
+	if _, err := p.Checkpoint.every(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// every returns how the policy treats layers: 0 keeps every layer, N > 0
+// recomputes layers l with (l+1)%N == 0 (1: all of them), -1 is the
+// per-operation policy.
+func (c Checkpoint) every() (int, error) {
+	switch c.Mode {
+	case "", "none":
+		return 0, nil
+	case "full":
+		return 1, nil
+	case "selective":
+		if c.Option == "op" {
+			return -1, nil
+		}
+		n, err := strconv.Atoi(c.Option)
+		if err != nil || n < 1 {
+			return 0, fmt.Errorf("memplan: activation_checkpoint.selective_ac_option %q: want \"op\" or a positive integer", c.Option)
+		}
+		return n, nil
+	}
+	return 0, fmt.Errorf("memplan: activation_checkpoint.mode %q: want none, full or selective", c.Mode)
+}
+
+// Report is the estimated memory of one rank, in bytes, by part.
+type Report struct {
+	Plan Plan
+	// Params, Grads and Optimizer are this rank's share of the
+	// parameters, their gradients and the two AdamW moments.
+	Params, Grads, Optimizer int64
+	// FSDPBuffers are the gathered parameter units and the unit gradient
+	// buffers of sharded data parallelism (0 without dp_shard > 1).
+	FSDPBuffers int64
+	// Activations are the kept activations, the residual streams, the
+	// recomputation scratch, the logits chunk and the activation
+	// gradients, for every microbatch in flight.
+	Activations int64
+	// Comm are the communication buffers of tensor, context and pipeline
+	// parallelism.
+	Comm int64
+}
+
+// Total is the sum of the parts.
+func (r Report) Total() int64 {
+	return r.Params + r.Grads + r.Optimizer + r.FSDPBuffers + r.Activations + r.Comm
+}
+
+// parts lists the named parts, in order.
+func (r Report) parts() []struct {
+	name string
+	n    int64
+} {
+	return []struct {
+		name string
+		n    int64
+	}{
+		{"parameters", r.Params}, {"gradients", r.Grads}, {"optimizer state (AdamW, 2 moments)", r.Optimizer},
+		{"FSDP unit buffers", r.FSDPBuffers}, {"activations", r.Activations}, {"communication buffers", r.Comm},
+	}
+}
+
+// String lists every part and the total, one per line.
+func (r Report) String() string {
+	var b strings.Builder
+	name := r.Plan.Flavor
+	if name == "" {
+		name = fmt.Sprintf("%d-layer dim-%d", r.Plan.Model.NLayers, r.Plan.Model.Dim)
+	}
+	fmt.Fprintf(&b, "memory per rank of llama3 %s (batch %d × seq %d, %s, activation checkpointing %s):\n",
+		name, r.Plan.Batch, r.Plan.SeqLen, r.Plan.Degrees, r.Plan.Checkpoint)
+	for _, p := range r.parts() {
+		fmt.Fprintf(&b, "  %-36s %s\n", p.name, Human(p.n))
+	}
+	fmt.Fprintf(&b, "  %-36s %s", "total", Human(r.Total()))
+	return b.String()
+}
+
+// Human writes a byte count in binary units.
+func Human(n int64) string {
+	switch {
+	case n >= 1<<40:
+		return fmt.Sprintf("%.2f TiB", float64(n)/(1<<40))
+	case n >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+// ceilDiv is ⌈a/b⌉.
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+// Estimate returns the memory of the busiest rank of plan.
+func Estimate(plan Plan) (Report, error) {
+	if err := plan.normalize(); err != nil {
+		return Report{}, err
+	}
+	c := plan.Model
+	d := plan.Degrees
+	D, F, V := int64(c.Dim), int64(c.FFNHidden()), int64(c.VocabSize)
+	Q, KV := int64(c.NHeads*c.HeadDim()), int64(c.KVHeads()*c.HeadDim())
+	tp, shard := int64(d.TP), int64(d.DPShard)
+
+	// The layers of the busiest pipeline stage: stages split the layers
+	// evenly (the first holds the embedding, the last the head; both are
+	// counted, which is the single stage when pp is 1).
+	layers := ceilDiv(int64(c.NLayers), int64(d.PP))
+	// One rank's units (FSDP gathers and reduces unit by unit): the
+	// embedding, each layer, and the final norm with the output projection.
+	// Tensor parallel splits the matrices (and the vocabulary); the norms
+	// are replicated.
+	embed := ceilDiv(V*D, tp)
+	layer := 2*D + ceilDiv(Q*D+2*KV*D+D*Q+3*F*D, tp)
+	head := D + ceilDiv(V*D, tp)
+	var units []int64
+	if d.PP == 1 {
+		units = append(units, embed)
+	}
+	for range layers {
+		units = append(units, layer)
+	}
+	if d.PP == 1 {
+		units = append(units, head)
+	} else {
+		// The busiest stage is the first or the last: one of the two
+		// vocabulary units.
+		units = append(units, max(embed, head))
+	}
+	var state, largest, gathered int64
+	for _, u := range units {
+		state += ceilDiv(u, shard)
+		largest = max(largest, u)
+		gathered += u
+	}
+	r := Report{Plan: plan}
+	r.Params = state * bytesPerFloat
+	r.Grads = state * bytesPerFloat
+	r.Optimizer = 2 * state * bytesPerFloat
+	if shard > 1 {
+		// Two gathered units (the one computing and the prefetched one)
+		// and two unit gradient buffers awaiting their reduce-scatter;
+		// without resharding after the forward, every unit stays gathered
+		// until its backward.
+		params := 2 * largest
+		if plan.Reshard == "never" || plan.Reshard != "always" && d.PP > 1 {
+			params = gathered
+		}
+		r.FSDPBuffers = (params + 2*largest) * bytesPerFloat
+	}
+	act, comm, err := activations(plan, layers)
+	if err != nil {
+		return Report{}, err
+	}
+	r.Activations, r.Comm = act, comm
+	return r, nil
+}
+
+// activations returns the activation and communication bytes of one rank
+// of plan whose stage holds the given number of layers.
+func activations(plan Plan, layers int64) (act, comm int64, err error) {
+	c := plan.Model
+	d := plan.Degrees
+	D, F, V := int64(c.Dim), int64(c.FFNHidden()), int64(c.VocabSize)
+	Q, KV, NH := int64(c.NHeads*c.HeadDim()), int64(c.KVHeads()*c.HeadDim()), int64(c.NHeads)
+	tp := int64(d.TP)
+	rows := int64(plan.Batch)
+	inFlight := int64(1)
+	if d.PP > 1 {
+		if plan.MicrobatchRows > 0 {
+			rows = int64(min(plan.MicrobatchRows, plan.Batch))
+		}
+		// 1F1B: the first stage holds up to pp microbatches' activations
+		// before its first backward.
+		inFlight = min(int64(d.PP), ceilDiv(int64(plan.Batch), rows))
+	}
+	// Tokens of one microbatch on this rank: context parallel splits the
+	// sequence.
+	BT := ceilDiv(rows*int64(plan.SeqLen), int64(d.CP))
+	// Per token of one layer, in floats: tensor parallel splits heads and
+	// the FFN width; sequence parallel splits the rows of the D-wide and
+	// norm tensors over the tp ranks, which is the same share per rank.
+	Ds, one := ceilDiv(D, tp), 1.0/float64(tp)
+	cheap := float64(Ds) + one + float64(Ds) + one + float64(ceilDiv(F, tp))
+	heavy := float64(2*ceilDiv(Q, tp)+2*ceilDiv(KV, tp)+ceilDiv(NH, tp)) + float64(Ds) + float64(2*ceilDiv(F, tp))
+	every, err := plan.Checkpoint.every()
+	if err != nil {
+		return 0, 0, err
+	}
+	var kept float64 // floats per token of the kept layer activations
+	var scratch float64
+	switch {
+	case every == 0:
+		kept = float64(layers) * (cheap + heavy)
+	case every == -1:
+		kept = float64(layers) * heavy
+		scratch = cheap
+	default:
+		recomputed := layers / int64(every)
+		kept = float64(layers-recomputed) * (cheap + heavy)
+		if recomputed > 0 {
+			scratch = cheap + heavy
+		}
+	}
+	perMB := kept*float64(BT) + float64((layers+1)*BT*Ds)
+	// The head: final norm output and 1/rms, the logits chunk (at most
+	// logitBudget elements), cross-entropy state and per-token losses.
+	vocab := ceilDiv(V, tp)
+	chunk := max(1, min(vocab, logitBudget/BT))
+	if vocab*BT <= logitBudget {
+		chunk = vocab
+	}
+	head := BT*Ds + BT + BT*chunk + 3*BT + BT
+	// Activation gradients, reused layer after layer: residual and
+	// normalised input, q, k, v and their pre-RoPE copies, attention, and
+	// the three FFN tensors.
+	grads := 2*BT*Ds + 3*BT*ceilDiv(Q, tp) + 3*BT*ceilDiv(KV, tp) + 3*BT*ceilDiv(F, tp)
+	floats := float64(inFlight)*perMB + scratch*float64(BT) + float64(head+grads)
+	act = int64(floats) * bytesPerFloat
+	// Communication: sequence parallel gathers a layer input of the whole
+	// (cp-local) sequence and scatters its output back; context parallel
+	// rotates key/value shards (send and receive, k and v); pipeline
+	// stages send and receive one activation per microbatch in flight.
+	if tp > 1 {
+		comm += 2 * BT * D * bytesPerFloat
+	}
+	if d.CP > 1 {
+		comm += 2 * 2 * BT * ceilDiv(KV, tp) * bytesPerFloat
+	}
+	if d.PP > 1 {
+		comm += 2 * BT * Ds * bytesPerFloat
+	}
+	return act, comm, nil
+}
