@@ -91,7 +91,7 @@ worker and no flag is needed.`,
 				}
 				var dist *train.Dist
 				if w != nil {
-					dist = &train.Dist{Rank: w.Rank, World: w.WorldSize, Group: w.World, Threads: w.Threads}
+					dist = &train.Dist{Rank: w.Rank, World: w.WorldSize, Group: w.World, Threads: w.Threads, Hosts: w.Hosts()}
 				}
 				tr, err := train.New(job, cmd.OutOrStdout(), dist)
 				if err != nil {

@@ -67,7 +67,7 @@ func TestActivationsMatchModel(t *testing.T) {
 				ac.Option = "3"
 			}
 			t.Run(fmt.Sprintf("%s/B%d/T%d/%s", tc.flavor, tc.B, tc.T, ac), func(t *testing.T) {
-				want, err := llama.ActivationBytesFor(c, tc.B, tc.T, llama.Options{Checkpoint: llama.ActivationCheckpoint{Mode: ac.Mode, SelectiveOption: ac.Option}})
+				want, err := llama.ActivationBytesFor(c, tc.B, tc.T, llama.Plan{Checkpoint: llama.ActivationCheckpoint{Mode: ac.Mode, SelectiveOption: ac.Option}})
 				if err != nil {
 					t.Fatal(err)
 				}

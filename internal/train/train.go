@@ -19,6 +19,7 @@ import (
 	"github.com/titan-go/titan/internal/comm"
 	"github.com/titan-go/titan/internal/config"
 	"github.com/titan-go/titan/internal/data"
+	"github.com/titan-go/titan/internal/memplan"
 	"github.com/titan-go/titan/internal/mesh"
 	"github.com/titan-go/titan/internal/metrics"
 	"github.com/titan-go/titan/internal/model/llama"
@@ -68,6 +69,9 @@ type Dist struct {
 	Group comm.Group
 	// Threads is this worker's share of the CPU cores (0: all).
 	Threads int
+	// Hosts is the number of machines of the job (0 or 1: one); the
+	// job's peak is the host peak times it.
+	Hosts int
 }
 
 // Seed is the recipe's seed, or 0.
@@ -100,6 +104,21 @@ func New(job *config.Job, out io.Writer, dist *Dist) (*Trainer, error) {
 	}
 	if tr.mesh, err = checkParallelism(job, tr.dist.World); err != nil {
 		return nil, err
+	}
+	// Refuse a job that cannot fit before anything large is allocated.
+	plan, err := memplan.FromJob(job, tr.dist.World)
+	if err != nil {
+		return nil, err
+	}
+	rep, err := memplan.Estimate(plan)
+	if err != nil {
+		return nil, err
+	}
+	if avail, err := memplan.Available(); err == nil {
+		local := max(tr.dist.World/max(tr.dist.Hosts, 1), 1)
+		if err := memplan.Check(rep, avail/int64(local)); err != nil {
+			return nil, err
+		}
 	}
 	if tr.dist.Rank != 0 {
 		tr.out = io.Discard
@@ -182,9 +201,10 @@ func New(job *config.Job, out io.Writer, dist *Dist) (*Trainer, error) {
 	if err := tr.Sched.Validate(); err != nil {
 		return nil, err
 	}
-	if p, ok := tr.be.(interface{ PeakFLOPS() float64 }); ok {
-		tr.peakFLOPS = p.PeakFLOPS()
-	}
+	// MFU is the job's model FLOPs over the job's peak: the host's peak
+	// (measured once with all its cores) times the hosts, whatever the
+	// layout, so that equal tokens/s prints equal MFU.
+	tr.peakFLOPS = cpu.HostPeakFLOPS() * float64(max(tr.dist.Hosts, 1))
 	tr.ckptFolder = filepath.Join(job.Job.DumpFolder, job.Checkpoint.Folder)
 	if tr.pp != nil {
 		tr.pp.init(tr.seed)
@@ -288,6 +308,10 @@ func (tr *Trainer) Run(ctx context.Context) error {
 	if tr.mesh != nil {
 		tr.log.Printf("titan: mesh %s, fsdp_reshard_after_forward %q", tr.mesh, job.Parallelism.FSDPReshardAfterForward)
 	}
+	for _, w := range memplan.Warnings(job) {
+		tr.log.Printf("titan: warning: %s", w)
+	}
+	watch := memplan.NewLossWatch(tr.Cfg.VocabSize, job.Optimizer.LR)
 	if tr.Step > 0 {
 		tr.log.Printf("titan: resumed from %s at step %d", checkpointDir(tr.ckptFolder, tr.Step), tr.Step)
 	}
@@ -319,6 +343,9 @@ func (tr *Trainer) Run(ctx context.Context) error {
 		}
 		if math.IsNaN(loss) || math.IsInf(loss, 0) {
 			return fmt.Errorf("step %d: loss is %v", tr.Step, loss)
+		}
+		if w := watch.Observe(tr.Step, loss); w != "" {
+			tr.log.Printf("titan: warning: %s", w)
 		}
 		if tr.OnStep != nil {
 			tr.OnStep(tr.Step, loss)
@@ -352,8 +379,7 @@ func (tr *Trainer) Run(ctx context.Context) error {
 				ElapsedS: tr.elapsed + time.Since(start).Seconds(), ValLoss: val,
 			}
 			if tr.peakFLOPS > 0 {
-				// Every rank has the same peak: MFU of the whole job.
-				rec.MFU = 100 * flopsPerToken * tps / (tr.peakFLOPS * float64(tr.dist.World))
+				rec.MFU = 100 * flopsPerToken * tps / tr.peakFLOPS
 			}
 			if err := tr.log.Log(rec); err != nil {
 				return err
