@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/titan-go/titan/internal/comm"
+	"github.com/titan-go/titan/internal/config"
 	"github.com/titan-go/titan/internal/launch"
 )
 
@@ -40,6 +41,16 @@ type commSettings struct {
 	// FlightSize is comm.Options.FlightSize (comm.FlightSizeOf of
 	// comm.trace_buf_size; 0: comm's default).
 	FlightSize int
+}
+
+// commSettingsOf reads a recipe's [comm] section.
+func commSettingsOf(job *config.Job) commSettings {
+	return commSettings{
+		Timeout:     time.Duration(job.Comm.TrainTimeoutSeconds) * time.Second,
+		InitTimeout: time.Duration(job.Comm.InitTimeoutSeconds) * time.Second,
+		TraceDir:    traceDir(job.Job.DumpFolder, job.Comm.SaveTracesFolder),
+		FlightSize:  comm.FlightSizeOf(job.Comm.TraceBufSize),
+	}
 }
 
 // distributed runs fn as this process's part of a job: as a launcher it

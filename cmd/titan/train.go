@@ -7,11 +7,9 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/titan-go/titan/internal/comm"
 	"github.com/titan-go/titan/internal/config"
 	"github.com/titan-go/titan/internal/launch"
 	"github.com/titan-go/titan/internal/train"
@@ -77,12 +75,7 @@ worker and no flag is needed.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			cs := commSettings{
-				Timeout:     time.Duration(job.Comm.TrainTimeoutSeconds) * time.Second,
-				InitTimeout: time.Duration(job.Comm.InitTimeoutSeconds) * time.Second,
-				TraceDir:    traceDir(job.Job.DumpFolder, job.Comm.SaveTracesFolder),
-				FlightSize:  comm.FlightSizeOf(job.Comm.TraceBufSize),
-			}
+			cs := commSettingsOf(job)
 			err = lf.distributed(ctx, os.Stdout, cs, func(w *launch.Worker) error {
 				if w == nil || w.Rank == 0 {
 					if err := job.SaveConfigFile(); err != nil { // job.save_config_file
