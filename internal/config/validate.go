@@ -150,6 +150,9 @@ func (j *Job) Validate() error {
 	v.atLeast("profiling.profiler_active", p.ProfilerActive, 1)
 	v.atLeast("profiling.profiler_warmup", p.ProfilerWarmup, 0)
 	// The folder and frequency keys only matter once these are on.
+	// Accepted by the schema, not built yet: refused by name rather than
+	// ignored (the trainer would train as if they were unset).
+	v.off("parallelism.disable_loss_parallel", j.Parallelism.DisableLossParallel)
 	v.off("profiling.enable_profiling", p.EnableProfiling)
 	v.off("profiling.enable_memory_snapshot", p.EnableMemorySnapshot)
 

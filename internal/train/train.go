@@ -305,6 +305,7 @@ func (tr *Trainer) Run(ctx context.Context) error {
 	tr.log.Printf("titan: llama3 %s, %s parameters, %d sequences × %d tokens per step (%d microbatches of %d on each of %d ranks), %d threads per rank, gemm %s, peak %.0f GFLOP/s, activation checkpointing %s (%.1f MiB of activations per rank)",
 		job.Model.Flavor, humanCount(tr.Cfg.NumParams()), tr.accum*B*tr.dataRanks(), T, tr.accum, B, tr.dataRanks(), tr.be.(*cpu.Backend).Threads(), gemm.Kernel(), tr.peakFLOPS/1e9,
 		tr.acPolicy(), float64(tr.activationBytes())/(1<<20))
+	tr.log.Printf("titan: optimizer %s (%s)", tr.Opt.Name(), tr.Opt.Implementation())
 	if tr.mesh != nil {
 		tr.log.Printf("titan: mesh %s, fsdp_reshard_after_forward %q", tr.mesh, job.Parallelism.FSDPReshardAfterForward)
 	}
