@@ -1,8 +1,13 @@
 package main
 
 import (
+	"cmp"
+	"math"
 	"strings"
 	"testing"
+
+	"github.com/titan-go/titan/internal/model/llama"
+	"github.com/titan-go/titan/internal/parallel"
 )
 
 // TestPipelineParallelMatchesOneProcess: two pipeline ranks under each
@@ -28,17 +33,19 @@ func TestPipelineParallelMatchesOneProcess(t *testing.T) {
 	}
 	one := t.TempDir()
 	run(one, "--set", "training.local_batch_size=4")
+	refState := metricsColumn(t, one, "state_gib")[1]
 	for _, c := range []struct {
 		name, schedule               string
 		mbs, replicate, shard, batch int
+		reshard                      string
 	}{
-		{"PP2 GPipe", "GPipe", 2, 1, 1, 4},
-		{"PP2 1F1B", "1F1B", 1, 1, 1, 4},
-		{"PP2 Interleaved1F1B", "Interleaved1F1B", 1, 1, 1, 4},
-		{"PP2 InterleavedZeroBubble", "InterleavedZeroBubble", 1, 1, 1, 4},
-		{"PP2 ZBVZeroBubble", "ZBVZeroBubble", 1, 1, 1, 4},
-		{"PP2xDDP2 1F1B", "1F1B", 1, 2, 1, 2},
-		{"PP2xFSDP2 Interleaved1F1B", "Interleaved1F1B", 1, 1, 2, 2},
+		{"PP2 GPipe", "GPipe", 2, 1, 1, 4, ""},
+		{"PP2 1F1B", "1F1B", 1, 1, 1, 4, ""},
+		{"PP2 Interleaved1F1B", "Interleaved1F1B", 1, 1, 1, 4, ""},
+		{"PP2 InterleavedZeroBubble", "InterleavedZeroBubble", 1, 1, 1, 4, ""},
+		{"PP2 ZBVZeroBubble", "ZBVZeroBubble", 1, 1, 1, 4, ""},
+		{"PP2xDDP2 1F1B", "1F1B", 1, 2, 1, 2, ""},
+		{"PP2xFSDP2 Interleaved1F1B", "Interleaved1F1B", 1, 1, 2, 2, "always"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dump := t.TempDir()
@@ -46,15 +53,55 @@ func TestPipelineParallelMatchesOneProcess(t *testing.T) {
 				"--set", "parallelism.data_parallel_replicate_degree="+itoa(c.replicate), "--set", "parallelism.data_parallel_shard_degree="+itoa(c.shard),
 				"--set", "training.local_batch_size="+itoa(c.batch),
 				"--set", "parallelism.pipeline_parallel_schedule="+c.schedule,
-				"--set", "parallelism.pipeline_parallel_microbatch_size="+itoa(c.mbs))
+				"--set", "parallelism.pipeline_parallel_microbatch_size="+itoa(c.mbs),
+				"--set", "parallelism.fsdp_reshard_after_forward="+cmp.Or(c.reshard, "default"))
 			checkParity(t, c.name, one, dump, steps)
+			// Parameters, gradients and optimizer state: the largest
+			// pipeline rank's share of the model, over dp_shard.
+			share := pipelineShare(t, "tiny_bench", c.schedule, 2, c.batch, c.mbs) / float64(c.shard)
+			state := metricsColumn(t, dump, "state_gib")[1]
+			if ratio := state / refState / share; math.Abs(ratio-1) > 0.1 {
+				t.Errorf("state per worker %.6f GiB, one process %.6f GiB: %.3f × the ideal %.4f, want within 10%%", state, refState, ratio, share)
+			}
+			t.Logf("%s: state %.6f GiB per worker, %.4f of one process (ideal %.4f)", c.name, state, state/refState, share)
+			if c.shard > 1 && c.reshard == "always" {
+				if g := metricsColumn(t, dump, "gathered_units")[steps]; g > 2 {
+					t.Errorf("%v gathered units alive at once, want at most 2 (the unit computing and the one prefetched)", g)
+				}
+			}
 		})
 	}
 }
 
-// TestPipelineParallelRefusesBadLayouts: layers that do not divide into
-// the stages and a multi-stage schedule with one stage per rank are
-// refused with a message that says why.
+// pipelineShare is the largest fraction of flavor's parameters one
+// pipeline rank holds under schedule on pp ranks.
+func pipelineShare(t *testing.T, flavor, schedule string, pp, batch, mbs int) float64 {
+	t.Helper()
+	cfg, err := llama.Flavor(flavor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := parallel.PlanPipeline(cfg.NLayers, batch, parallel.PipelineSettings{
+		Degree: pp, Schedule: schedule, FirstLessLayers: 1, LastLessLayers: 1, MicrobatchSize: mbs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fam := llama.Family{Cfg: cfg}
+	most := 0
+	for r := 0; r < pp; r++ {
+		n := 0
+		for _, s := range plan.Schedule.Stages(r) {
+			n += fam.StageRange(plan.Stages[s], 1).Len()
+		}
+		most = max(most, n)
+	}
+	return float64(most) / float64(cfg.NumParams())
+}
+
+// TestPipelineParallelRefusesBadLayouts: stages that do not divide among
+// the ranks, a single-stage schedule given several stages per rank, a
+// multi-stage schedule given one, and a first stage lighter than its
+// embedding weight are refused with a message that says why.
 func TestPipelineParallelRefusesBadLayouts(t *testing.T) {
 	data := corpus(t)
 	for _, c := range []struct {
@@ -62,9 +109,10 @@ func TestPipelineParallelRefusesBadLayouts(t *testing.T) {
 		set  []string
 		want string
 	}{
-		{"layers not divisible", []string{"parallelism.pipeline_parallel_schedule=Interleaved1F1B", "model.flavor=debug"}, "n_layers 6 is not divisible by 4 stages (pp 2 × 2 virtual)"},
-		{"layers per stage", []string{"parallelism.pipeline_parallel_layers_per_stage=3"}, "n_layers 4 is not divisible"},
-		{"virtual 1", []string{"parallelism.pipeline_parallel_schedule=Interleaved1F1B", "parallelism.pipeline_parallel_layers_per_stage=2"}, "needs virtual >= 2"},
+		{"stages not divisible", []string{"parallelism.pipeline_parallel_layers_per_stage=2"}, "gives 3 stages for 4 layers (+1 +1 for the embedding and the head), not divisible by pipeline_parallel_degree 2"},
+		{"single-stage schedule", []string{"parallelism.pipeline_parallel_layers_per_stage=1"}, "1F1B runs one stage per rank"},
+		{"virtual 1", []string{"parallelism.pipeline_parallel_schedule=Interleaved1F1B", "parallelism.pipeline_parallel_layers_per_stage=3"}, "needs virtual >= 2"},
+		{"first stage too light", []string{"parallelism.pipeline_parallel_first_stage_less_layers=8"}, "stage 0 would get -1"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			args := append(tinyRun(t.TempDir(), data, 2), "--nproc", "2", "--set", "parallelism.pipeline_parallel_degree=2")

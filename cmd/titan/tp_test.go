@@ -66,6 +66,11 @@ func TestTensorContextParallelMatchesOneProcess(t *testing.T) {
 				t.Errorf("state per worker %.6f GiB, one process %.6f GiB: %.3f × the 1/%g share, want within 10%%", state, refState[1], ratio, want)
 			}
 			t.Logf("%s: state %.6f GiB per worker, %.4f of one process (ideal 1/%g)", c.name, state, state/refState[1], want)
+			if c.shard > 1 {
+				if g := metricsColumn(t, dump, "gathered_units")[steps]; g > 2 {
+					t.Errorf("%v gathered units alive at once, want at most 2 (the unit computing and the one prefetched)", g)
+				}
+			}
 		})
 	}
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/titan-go/titan/internal/backend/cpu"
+	"github.com/titan-go/titan/internal/backend/cpu/gemm"
 	"github.com/titan-go/titan/internal/config"
 	"github.com/titan-go/titan/internal/launch"
 	"github.com/titan-go/titan/internal/train"
@@ -83,10 +85,14 @@ worker and no flag is needed.`,
 					}
 				}
 				var dist *train.Dist
+				threads := job.Training.Threads
 				if w != nil {
-					dist = &train.Dist{Rank: w.Rank, World: w.WorldSize, Group: w.World, Threads: w.Threads, Hosts: w.Hosts()}
+					dist = &train.Dist{Rank: w.Rank, World: w.WorldSize, Group: w.World, Hosts: w.Hosts()}
+					if threads == 0 {
+						threads = w.Threads
+					}
 				}
-				tr, err := train.New(job, cmd.OutOrStdout(), dist)
+				tr, err := train.New(job, cpuDevice(threads), cmd.OutOrStdout(), dist)
 				if err != nil {
 					return err
 				}
@@ -153,4 +159,15 @@ func newConfigCmd() *cobra.Command {
 	validate.register(validateCmd)
 	cmd.AddCommand(showCmd, validateCmd)
 	return cmd
+}
+
+// cpuDevice is the CPU backend with threads workers (0: every core) as a
+// training device.
+func cpuDevice(threads int) train.Device {
+	be := cpu.New(threads)
+	return train.Device{
+		Backend:   be,
+		Name:      fmt.Sprintf("cpu (gemm %s), %d threads", gemm.Kernel(), be.Threads()),
+		PeakFLOPS: cpu.HostPeakFLOPS(),
+	}
 }

@@ -191,6 +191,17 @@ func (e *initTimeoutError) Is(target error) bool { return target == context.Dead
 // timeoutNote explains a bootstrap error when ctx ran out of the init
 // timeout that Join set: "" otherwise.
 func timeoutNote(ctx context.Context) string {
+	// A remote peer (the control server, propagating the deadline) may
+	// report the deadline a moment before ctx itself expires: wait for
+	// it when it is that close.
+	if dl, ok := ctx.Deadline(); ok {
+		if left := time.Until(dl); left < time.Second {
+			select {
+			case <-ctx.Done():
+			case <-time.After(left + 50*time.Millisecond):
+			}
+		}
+	}
 	var ie *initTimeoutError
 	if errors.As(context.Cause(ctx), &ie) {
 		return "; " + ie.Error()

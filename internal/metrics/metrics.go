@@ -6,7 +6,8 @@
 // as torchtitan does), unless the NO_COLOR environment variable is set to
 // a non-empty value (https://no-color.org) or Options.DisableColor
 // (metrics.disable_color_printing) is set. Output that is not a terminal
-// is never coloured.
+// is coloured only when CLICOLOR_FORCE is set to a value other than "0"
+// (for logs piped to a pager that shows colours).
 //
 // With Options.SaveForAllRanks (metrics.save_for_all_ranks) every rank
 // writes its own file: rank 0 <dump_folder>/metrics.jsonl as always, rank
@@ -37,7 +38,10 @@ type Record struct {
 	// StateGiB is the memory of one worker's parameters, gradients and
 	// optimizer state (its shards under FSDP; the largest over workers).
 	StateGiB float64 `json:"state_gib"`
-	ElapsedS float64 `json:"elapsed_s"`
+	// GatheredUnits is the most FSDP units whose gathered parameters
+	// were alive at once on one worker (0 without parameter sharding).
+	GatheredUnits int     `json:"gathered_units"`
+	ElapsedS      float64 `json:"elapsed_s"`
 	// ValLoss is set on steps that ran validation.
 	ValLoss *float64 `json:"val_loss,omitempty"`
 }
@@ -96,7 +100,7 @@ func OpenWith(dumpFolder string, console io.Writer, totalSteps int, o Options) (
 		tty = *o.Terminal
 	}
 	l := &Logger{console: console, tty: tty, total: totalSteps,
-		color: tty && !o.DisableColor && os.Getenv("NO_COLOR") == ""}
+		color: (tty || forceColor()) && !o.DisableColor && os.Getenv("NO_COLOR") == ""}
 	if dumpFolder == "" || (o.Rank != 0 && !o.SaveForAllRanks) {
 		return l, nil
 	}
@@ -114,6 +118,13 @@ func OpenWith(dumpFolder string, console io.Writer, totalSteps int, o Options) (
 
 // Colored reports whether the log line is printed in colour.
 func (l *Logger) Colored() bool { return l.color }
+
+// forceColor reports whether CLICOLOR_FORCE asks for colour whatever the
+// output.
+func forceColor() bool {
+	v := os.Getenv("CLICOLOR_FORCE")
+	return v != "" && v != "0"
+}
 
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)

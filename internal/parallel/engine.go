@@ -1,24 +1,22 @@
 package parallel
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/checkpoint"
 	"github.com/titan-go/titan/internal/comm"
-	"github.com/titan-go/titan/internal/model/llama"
-	"github.com/titan-go/titan/internal/modelfile"
+	"github.com/titan-go/titan/internal/model"
 	"github.com/titan-go/titan/internal/parallel/fsdp"
-	"github.com/titan-go/titan/internal/parallel/tp"
+	"github.com/titan-go/titan/internal/parallel/pipeline"
 )
 
 // Engine is one rank's share of the model under its mesh. The trainer
 // drives only this interface; it knows nothing else of FSDP, TP, CP or PP.
 type Engine interface {
-	// ForwardBackward runs forward and backward over this rank's part of
-	// the global batch (rows: this data rank's rows, accum microbatches
-	// of them) with loss scale 1/scaleDen, completes every gradient
+	// ForwardBackward runs forward and backward over this data rank's
+	// rows of the global batch (accum local batches of them, one after
+	// the other) with loss scale scale, completes every gradient
 	// reduction and returns the sum of the per-token losses over the
 	// whole job (every rank gets the same value).
 	ForwardBackward(inputs, labels []int32, accum int, scale float32) (lossSum float64, err error)
@@ -33,19 +31,43 @@ type Engine interface {
 	// copies); call it after every optimizer step or load.
 	Updated()
 	// Evaluate returns the loss sum and the number of targets over the
-	// whole job of one batch (this data rank's rows).
+	// whole job of one validation batch (this data rank's rows).
 	Evaluate(inputs, labels []int32) (lossSum float64, targets int, err error)
 	// Init fills this rank's parameters as a one-process Init(seed) would.
 	Init(seed uint64)
-	// GatherFull returns the whole flat tensor (Config.Layout order) of
+	// GatherFull returns the whole flat tensor (one process's layout) of
 	// which buf (Params or an optimizer moment) holds this rank's share,
-	// on rank 0 (nil on the others). Every rank must call it.
+	// on rank 0 (nil on some others). Every rank must call it.
 	GatherFull(buf backend.Tensor) ([]float32, error)
 	// Load fills buf (Params or an optimizer moment) with this rank's
 	// share of the whole tensors prefix+<parameter> of checkpoint r.
 	Load(r *checkpoint.Reader, prefix string, buf backend.Tensor) error
 	// Memory reports this rank's memory.
 	Memory() Memory
+	// PipelineStep measures the last step's pipeline bubble over every
+	// rank (nil without pipeline parallelism). Every rank must call it.
+	PipelineStep() (*PipelineStep, error)
+}
+
+// PipelineStep is one step's pipeline bubble, over every rank.
+type PipelineStep struct {
+	Schedule       pipeline.Schedule
+	MicrobatchRows int
+	// Bubble is the measured bubble: 1 - compute time / elapsed time,
+	// both summed over the ranks; BusyS and WallS are those sums.
+	Bubble, BusyS, WallS float64
+	// F, B and W are the mean times (seconds) of a forward, a backward
+	// (or its input half) and a weight-gradient action.
+	F, B, W float64
+	// Simulated is the schedule's simulated bubble with those costs, and
+	// Theory the unit-cost formula's.
+	Simulated, Theory float64
+}
+
+func (p PipelineStep) String() string {
+	s := p.Schedule
+	return fmt.Sprintf("pipeline %s pp %d × %d virtual, %d microbatches of %d: measured bubble %.3f (busy %.3fs of %.3fs over all ranks); simulated %.3f with the mean costs F %.2f ms, B %.2f ms, W %.2f ms; theoretical %.3f",
+		s.Name, s.PP, s.Virtual, s.Microbatches, p.MicrobatchRows, p.Bubble, p.BusyS, p.WallS, p.Simulated, p.F*1e3, p.B*1e3, p.W*1e3, p.Theory)
 }
 
 // Memory is one rank's memory as the engine accounts it.
@@ -62,81 +84,221 @@ type Memory struct {
 
 // Options are the layout-independent settings of an engine.
 type Options struct {
-	// B and T are the rows per microbatch and the sequence length.
-	B, T int
-	// Checkpoint is the activation checkpointing policy.
-	Checkpoint llama.ActivationCheckpoint
+	// Pipeline is the resolved pipeline plan: stages, schedule and
+	// microbatch rows (see PlanPipeline; one stage without pipeline
+	// parallelism).
+	Pipeline PipelinePlan
+	// T is the sequence length.
+	T int
+	// EvalRows and EvalT are the rows per data rank and the sequence
+	// length of a validation batch; 0 means the training ones.
+	EvalRows, EvalT int
 	// Reshard is the FSDP reshard-after-forward policy.
 	Reshard fsdp.Reshard
 }
 
-// spmd is the engine without pipeline parallelism: every rank holds the
-// whole depth of the model, tensor- and context-parallel shards of it
-// (llama.Plan), sharded further over dp_shard × cp unit by unit (FSDP) or
-// replicated (DDP), through one fsdp.Runtime whose hooks the model calls.
-type spmd struct {
-	g  *Groups
-	be backend.Backend
-	m  *llama.Model
-	rt *fsdp.Runtime
-	o  Options
+// engine is the one Engine of every layout. A rank holds its pipeline
+// stages (one stage, the whole depth, without pipeline parallelism) as
+// the model family's parts — tensor- and context-parallel shards when tp
+// and cp are > 1 — and runs the schedule's actions on them (a
+// pipeline.Executor); their parameters are laid end to end in one local
+// buffer, sharded over dp_shard × cp unit by unit (FSDP) or replicated
+// (DDP) by one fsdp.Runtime whose hooks every part calls.
+type engine struct {
+	fam    model.Family
+	g      *Groups
+	be     backend.Backend
+	o      Options
+	pl     model.Placement
+	x      *pipeline.Executor // training
+	eval   *pipeline.Executor // validation; x when the shapes agree
+	evalMB int                // rows of a validation microbatch
+	stages []*stage           // this rank's stages, increasing
+	rt     *fsdp.Runtime
+	repl   []model.Range // replicated ranges of the local buffer
+	// bubble holds the last report's inputs.
+	stats pipeline.Stats
 }
 
-// NewSPMD builds the engine of a layout without pipeline parallelism.
-func NewSPMD(be backend.Backend, cfg llama.Config, g *Groups, o Options) (Engine, error) {
-	if g.Mesh.PP > 1 {
-		return nil, errors.New("parallel: NewSPMD with pipeline_parallel_degree > 1")
+// stage is one of this rank's pipeline stages.
+type stage struct {
+	index int
+	flat  model.Range  // its part of the tp rank's flat buffer
+	off   int          // its offset in the local buffer
+	unit0 int          // its first unit in the runtime's numbering
+	parts []model.Part // every activation set (training and validation)
+}
+
+// stageHooks numbers a stage's units as the runtime does.
+type stageHooks struct {
+	rt   *fsdp.Runtime
+	base int
+}
+
+func (h stageHooks) BeforeForward(u int) error  { return h.rt.BeforeForward(h.base + u) }
+func (h stageHooks) AfterForward(u int) error   { return h.rt.AfterForward(h.base + u) }
+func (h stageHooks) BeforeBackward(u int) error { return h.rt.BeforeBackward(h.base + u) }
+func (h stageHooks) AfterBackward(u int) error  { return h.rt.AfterBackward(h.base + u) }
+
+// New builds rank g.Rank's engine for model fam on the mesh of g.
+func New(be backend.Backend, fam model.Family, g *Groups, o Options) (Engine, error) {
+	pp := o.Pipeline
+	if len(pp.Stages) != pp.Schedule.NumStages() || pp.Schedule.PP != g.Mesh.PP {
+		return nil, fmt.Errorf("parallel: a pipeline plan of %d stages on %d ranks for pipeline_parallel_degree %d", len(pp.Stages), pp.Schedule.PP, g.Mesh.PP)
 	}
-	plan := llama.Plan{
-		TP: g.Mesh.TP, TPRank: g.TPRank(), CP: g.Mesh.CP, CPRank: g.CPRank(),
-		External: true, Checkpoint: o.Checkpoint,
+	e := &engine{fam: fam, g: g, be: be, o: o}
+	e.pl = model.Placement{TP: g.Mesh.TP, TPRank: g.TPRank(), CP: g.Mesh.CP, CPRank: g.CPRank(), TPGroup: g.TP, CPGroup: g.CP}
+	ppRank := g.coord(0)
+	byIndex := map[int]*stage{}
+	off := 0
+	for _, s := range pp.Schedule.Stages(ppRank) {
+		st := &stage{index: s, flat: fam.StageRange(pp.Stages[s], g.Mesh.TP), off: off}
+		off += st.flat.Len()
+		e.stages = append(e.stages, st)
+		byIndex[s] = st
 	}
-	if g.Mesh.TP*g.Mesh.CP > 1 {
-		plan.Comm = &tp.Comm{TP: g.TP, CP: g.CP, Ctx: commCtx}
+	newSet := func(rows, T int) func(s int) (pipeline.Stage, error) {
+		return func(s int) (pipeline.Stage, error) {
+			pl := e.pl
+			pl.Stage = pp.Stages[s]
+			p, err := fam.NewPart(be, rows, T, pl)
+			if err != nil {
+				return nil, err
+			}
+			byIndex[s].parts = append(byIndex[s].parts, p)
+			return p, nil
+		}
 	}
-	m, err := llama.New(be, cfg, o.B, o.T, plan)
-	if err != nil {
+	var err error
+	if e.x, err = pipeline.NewExecutor(be, pp.Schedule, g.PP, ppRank, newSet(pp.MicrobatchRows, o.T)); err != nil {
 		return nil, err
 	}
+	e.eval, e.evalMB = e.x, pp.MicrobatchRows
+	if rows, T := o.evalShape(); rows != pp.Schedule.Microbatches*pp.MicrobatchRows || T != o.T {
+		// Validation has its own activation sets (forward only: one per
+		// stage), bound to the same parameters: one microbatch of all
+		// the rows without a pipeline, microbatches of the training
+		// size with one.
+		es := pp.Schedule
+		es.Microbatches, es.Actions, e.evalMB = 1, make([][]pipeline.Action, es.PP), rows
+		if g.Mesh.PP > 1 {
+			if rows%pp.MicrobatchRows != 0 {
+				return nil, fmt.Errorf("validation.local_batch_size %d is not a multiple of parallelism.pipeline_parallel_microbatch_size %d", rows, pp.MicrobatchRows)
+			}
+			es.Microbatches, e.evalMB = rows/pp.MicrobatchRows, pp.MicrobatchRows
+		}
+		if e.eval, err = pipeline.NewExecutor(be, es, g.PP, ppRank, newSet(e.evalMB, T)); err != nil {
+			return nil, fmt.Errorf("validation: %w", err)
+		}
+	}
+	// The runtime's units: every stage's, end to end.
 	var units []fsdp.Range
-	for _, u := range m.Units() {
-		units = append(units, fsdp.Range{Lo: u.Lo, Hi: u.Hi})
+	var segments []int
+	for _, st := range e.stages {
+		st.unit0 = len(units)
+		segments = append(segments, st.unit0)
+		p := st.parts[0]
+		for _, u := range p.Units() {
+			units = append(units, fsdp.Range{Lo: st.off + u.Lo, Hi: st.off + u.Hi})
+		}
+		for _, r := range p.Replicated() {
+			e.repl = append(e.repl, model.Range{Lo: st.off + r.Lo, Hi: st.off + r.Hi})
+		}
 	}
-	rt, err := fsdp.New(be, units, m.BindUnit, fsdp.Config{Shard: g.Shard, Replicate: g.Replicate, Reshard: o.Reshard})
+	owner := make([]*stage, len(units))
+	for _, st := range e.stages {
+		for u := st.unit0; u < st.unit0+len(st.parts[0].Units()); u++ {
+			owner[u] = st
+		}
+	}
+	bind := func(u int, params, grads backend.Tensor) {
+		st := owner[u]
+		for _, p := range st.parts {
+			p.BindUnit(u-st.unit0, params, grads)
+		}
+	}
+	last := len(pp.Stages) - 1
+	e.rt, err = fsdp.New(be, units, bind, fsdp.Config{
+		Shard: g.Shard, Replicate: g.Replicate,
+		Reshard:  o.Reshard.Resolve(g.Mesh.PP > 1),
+		Segments: segments,
+		KeepLast: e.stages[len(e.stages)-1].index == last,
+	})
 	if err != nil {
 		return nil, err
 	}
-	m.Hooks = rt
-	return &spmd{g: g, be: be, m: m, rt: rt, o: o}, nil
+	for _, st := range e.stages {
+		for _, p := range st.parts {
+			p.SetHooks(stageHooks{rt: e.rt, base: st.unit0})
+		}
+	}
+	return e, nil
 }
 
-func (e *spmd) Params() backend.Tensor { return e.rt.Params }
-func (e *spmd) Grads() backend.Tensor  { return e.rt.Grads }
-func (e *spmd) Updated()               { e.rt.Invalidate() }
-
-func (e *spmd) Init(seed uint64) {
-	e.rt.Init(func(lo int, dst []float32) { e.m.InitLocal(seed, dst, lo) })
+// evalShape is the validation rows per data rank and sequence length.
+func (o Options) evalShape() (rows, T int) {
+	rows, T = o.EvalRows, o.EvalT
+	if rows == 0 {
+		rows = o.Pipeline.Schedule.Microbatches * o.Pipeline.MicrobatchRows
+	}
+	if T == 0 {
+		T = o.T
+	}
+	return rows, T
 }
 
-// rows returns this rank's tokens of microbatch a: the cp rank's head
-// and tail chunks of each of its rows.
-func (e *spmd) rows(x []int32, a int) []int32 {
-	n := e.o.B * e.o.T
-	return llama.CPSlice(x[a*n:(a+1)*n], e.o.T, e.g.Mesh.CP, e.g.CPRank())
+func (e *engine) Params() backend.Tensor { return e.rt.Params }
+func (e *engine) Grads() backend.Tensor  { return e.rt.Grads }
+func (e *engine) Updated()               { e.rt.Invalidate() }
+
+// stageAt returns the stage holding element i of the local buffer.
+func (e *engine) stageAt(i int) *stage {
+	for k := len(e.stages) - 1; k > 0; k-- {
+		if i >= e.stages[k].off {
+			return e.stages[k]
+		}
+	}
+	return e.stages[0]
 }
 
-func (e *spmd) ForwardBackward(inputs, labels []int32, accum int, scale float32) (float64, error) {
+// flatAt maps element lo of the local buffer to the tp rank's flat
+// buffer.
+func (e *engine) flatAt(lo int) int {
+	st := e.stageAt(lo)
+	return st.flat.Lo + lo - st.off
+}
+
+func (e *engine) Init(seed uint64) {
+	e.rt.Init(func(lo int, dst []float32) { e.fam.Init(seed, e.pl.TP, e.pl.TPRank, e.flatAt(lo), dst) })
+}
+
+func (e *engine) Load(r *checkpoint.Reader, prefix string, buf backend.Tensor) error {
+	return e.rt.Load(buf, func(lo int, dst []float32) error {
+		return e.fam.Read(r, prefix, e.pl.TP, e.pl.TPRank, e.flatAt(lo), dst)
+	})
+}
+
+// rows returns this rank's tokens of the rows x: the cp rank's share.
+func (e *engine) rows(x []int32, T int) []int32 { return e.fam.Rows(x, T, e.pl.CP, e.pl.CPRank) }
+
+func (e *engine) ForwardBackward(inputs, labels []int32, accum int, scale float32) (float64, error) {
+	pp, T := e.o.Pipeline, e.o.T
+	n := pp.Schedule.Microbatches * pp.MicrobatchRows * T // tokens of one local batch
+	if len(inputs) != accum*n || len(labels) != len(inputs) {
+		return 0, fmt.Errorf("parallel: %d inputs and %d labels for %d local batches of %d tokens", len(inputs), len(labels), accum, n)
+	}
 	e.rt.ZeroGrad()
+	e.x.ResetStats()
+	per := pp.MicrobatchRows * T / e.pl.CP
 	sum := []float64{0}
 	for a := 0; a < accum; a++ {
-		if _, err := e.m.Forward(e.rows(inputs, a), e.rows(labels, a)); err != nil {
+		in, lab := e.rows(inputs[a*n:(a+1)*n], T), e.rows(labels[a*n:(a+1)*n], T)
+		l, err := e.x.Run(pp.Schedule.Actions, in, lab, per, scale, true)
+		if err != nil {
 			return 0, err
 		}
-		if e.g.TPRank() == 0 { // the tp ranks of a group compute the same loss
-			sum[0] += e.m.LossSum()
-		}
-		if err := e.m.Backward(scale); err != nil {
-			return 0, err
+		if e.pl.TPRank == 0 { // the tp ranks of a group compute the same loss
+			sum[0] += l
 		}
 	}
 	// The last unit reductions overlapped the backward; wait for them.
@@ -146,6 +308,7 @@ func (e *spmd) ForwardBackward(inputs, labels []int32, accum int, scale float32)
 	if err := e.reduceReplicated(); err != nil {
 		return 0, err
 	}
+	e.stats = e.x.Stats()
 	if err := e.g.SumWorld(sum); err != nil {
 		return 0, err
 	}
@@ -154,10 +317,10 @@ func (e *spmd) ForwardBackward(inputs, labels []int32, accum int, scale float32)
 
 // replicatedShard calls fn with the parts of this rank's gradient shard
 // that hold replicated (norm) parameters.
-func (e *spmd) replicatedShard(fn func(t backend.Tensor)) {
+func (e *engine) replicatedShard(fn func(t backend.Tensor)) {
 	rt := e.rt
 	for u, s := range rt.Shards {
-		for _, r := range e.m.Replicated() {
+		for _, r := range e.repl {
 			lo, hi := max(s.Lo, r.Lo), min(s.Hi, r.Hi)
 			if lo < hi {
 				fn(rt.Grads.Slice(rt.Local[u]+lo-s.Lo, hi-lo))
@@ -168,7 +331,7 @@ func (e *spmd) replicatedShard(fn func(t backend.Tensor)) {
 
 // reduceReplicated sums the replicated parameters' gradients (each tp
 // rank's from its sequence rows) over the tp group.
-func (e *spmd) reduceReplicated() error {
+func (e *engine) reduceReplicated() error {
 	if e.g.TP == nil {
 		return nil
 	}
@@ -192,9 +355,9 @@ func (e *spmd) reduceReplicated() error {
 	return nil
 }
 
-func (e *spmd) GradSumSquares() (float64, error) {
+func (e *engine) GradSumSquares() (float64, error) {
 	s := e.be.SumSquares(e.rt.Grads)
-	if e.g.TPRank() != 0 {
+	if e.pl.TPRank != 0 {
 		// The replicated parameters count once per tp group.
 		e.replicatedShard(func(t backend.Tensor) { s -= e.be.SumSquares(t) })
 	}
@@ -206,14 +369,29 @@ func (e *spmd) GradSumSquares() (float64, error) {
 	return v[0] / float64(size(e.g.Replicate)), nil
 }
 
-func (e *spmd) Evaluate(inputs, labels []int32) (float64, int, error) {
+func (e *engine) Evaluate(inputs, labels []int32) (float64, int, error) {
 	defer e.rt.Invalidate()
-	if _, err := e.m.Forward(e.rows(inputs, 0), e.rows(labels, 0)); err != nil {
-		return 0, 0, err
+	rows, T := e.o.evalShape()
+	if len(inputs) != rows*T || len(labels) != len(inputs) {
+		return 0, 0, fmt.Errorf("parallel: validation batch of %d tokens, want %d rows of %d", len(inputs), rows, T)
 	}
 	acc := []float64{0, 0}
-	if e.g.TPRank() == 0 {
-		acc[0], acc[1] = e.m.LossSum(), float64(e.m.NumTargets())
+	// One rank of each data rank's pipeline, tp and cp groups counts
+	// the targets.
+	if e.g.coord(0) == 0 && e.pl.TPRank == 0 && e.pl.CPRank == 0 {
+		for _, l := range labels {
+			if l >= 0 {
+				acc[1]++
+			}
+		}
+	}
+	per := e.evalMB * T / e.pl.CP
+	l, err := e.eval.Run(e.eval.ForwardOnly(), e.rows(inputs, T), e.rows(labels, T), per, 1, false)
+	if err != nil {
+		return 0, 0, err
+	}
+	if e.pl.TPRank == 0 {
+		acc[0] = l
 	}
 	if err := e.g.SumWorld(acc); err != nil {
 		return 0, 0, err
@@ -221,18 +399,22 @@ func (e *spmd) Evaluate(inputs, labels []int32) (float64, int, error) {
 	return acc[0], int(acc[1]), nil
 }
 
-func (e *spmd) GatherFull(buf backend.Tensor) ([]float32, error) {
+func (e *engine) GatherFull(buf backend.Tensor) ([]float32, error) {
 	local, err := e.rt.GatherFull(buf)
 	if err != nil {
 		return nil, err
 	}
-	if e.g.TP == nil {
-		return local, nil
+	flat, err := e.gatherStages(local)
+	if err != nil || flat == nil {
+		return nil, err
 	}
-	n, tpn := len(local), e.g.TP.Size()
+	if e.g.TP == nil {
+		return flat, nil
+	}
+	n, tpn := len(flat), e.g.TP.Size()
 	all := make([]float32, n*tpn)
-	r := e.g.TPRank()
-	copy(all[r*n:], local)
+	r := e.pl.TPRank
+	copy(all[r*n:], flat)
 	if err := e.g.TP.AllGather(commCtx, comm.F32(all[r*n:(r+1)*n]), comm.F32(all)); err != nil {
 		return nil, fmt.Errorf("gathering the tp shards: %w", err)
 	}
@@ -240,15 +422,85 @@ func (e *spmd) GatherFull(buf backend.Tensor) ([]float32, error) {
 	for i := range locals {
 		locals[i] = all[i*n : (i+1)*n]
 	}
-	return llama.UnshardFlat(e.m.Cfg, locals), nil
+	return e.fam.Unshard(locals), nil
 }
 
-func (e *spmd) Load(r *checkpoint.Reader, prefix string, buf backend.Tensor) error {
-	return e.rt.Load(buf, func(lo int, dst []float32) error {
-		return modelfile.ReadLocal(r, prefix, e.m.Layout, max(e.m.TP, 1), e.m.TPRank, lo, dst)
-	})
+// gatherStages assembles the tp rank's flat buffer from every pipeline
+// rank's local buffer on pipeline rank 0 (nil on the others).
+func (e *engine) gatherStages(local []float32) ([]float32, error) {
+	sched, specs := e.o.Pipeline.Schedule, e.o.Pipeline.Stages
+	if e.g.PP == nil {
+		return local, nil
+	}
+	if r := e.g.PP.Rank(); r != 0 {
+		if err := e.g.PP.Send(commCtx, comm.F32(local), 0); err != nil {
+			return nil, fmt.Errorf("pipeline: sending the stages of rank %d: %w", r, err)
+		}
+		return nil, nil
+	}
+	flat := make([]float32, e.fam.ShardLen(e.pl.TP))
+	for r := 0; r < sched.PP; r++ {
+		var ranges []model.Range
+		n := 0
+		for _, s := range sched.Stages(r) {
+			fr := e.fam.StageRange(specs[s], e.pl.TP)
+			ranges = append(ranges, fr)
+			n += fr.Len()
+		}
+		buf := local
+		if r != 0 {
+			buf = make([]float32, n)
+			if err := e.g.PP.Recv(commCtx, comm.F32(buf), r); err != nil {
+				return nil, fmt.Errorf("pipeline: gathering the stages of rank %d: %w", r, err)
+			}
+		}
+		off := 0
+		for _, fr := range ranges {
+			copy(flat[fr.Lo:fr.Hi], buf[off:off+fr.Len()])
+			off += fr.Len()
+		}
+	}
+	return flat, nil
 }
 
-func (e *spmd) Memory() Memory {
-	return Memory{StateBytes: e.rt.StateBytes(), ActivationBytes: e.m.ActivationBytes(), GatheredUnits: e.rt.GatheredBuffers()}
+func (e *engine) Memory() Memory {
+	var act int64
+	for _, st := range e.stages {
+		for _, p := range st.parts {
+			act += p.ActivationBytes()
+		}
+	}
+	return Memory{StateBytes: e.rt.StateBytes(), ActivationBytes: act, GatheredUnits: e.rt.GatheredBuffers()}
+}
+
+func (e *engine) PipelineStep() (*PipelineStep, error) {
+	if e.g.Mesh.PP == 1 {
+		return nil, nil
+	}
+	st := e.stats
+	v := []float64{st.Busy.Seconds(), st.Wall.Seconds()}
+	for k := range st.KindTime {
+		v = append(v, st.KindTime[k].Seconds(), float64(st.KindCount[k]))
+	}
+	if err := e.g.SumWorld(v); err != nil {
+		return nil, err
+	}
+	p := &PipelineStep{Schedule: e.o.Pipeline.Schedule, MicrobatchRows: e.o.Pipeline.MicrobatchRows, BusyS: v[0], WallS: v[1]}
+	p.Bubble = 1 - v[0]/max(v[1], 1e-12)
+	mean := func(k pipeline.Kind) float64 { return v[2+2*int(k)] / max(v[3+2*int(k)], 1) }
+	p.F, p.B = mean(pipeline.Forward), mean(pipeline.Backward)
+	if v[3+2*int(pipeline.BackwardInput)] > 0 {
+		p.B, p.W = mean(pipeline.BackwardInput), mean(pipeline.BackwardWeight)
+	}
+	sched := p.Schedule
+	sim := sched.Simulate(p.F, p.B, p.W, 0)
+	if sim.Err != nil {
+		return nil, sim.Err
+	}
+	p.Simulated = sim.Bubble
+	var err error
+	if p.Theory, _, err = pipeline.Theoretical(sched.Name, sched.PP, sched.Virtual, sched.Microbatches); err != nil {
+		return nil, err
+	}
+	return p, nil
 }

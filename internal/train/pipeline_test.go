@@ -10,7 +10,7 @@ import (
 
 	"github.com/titan-go/titan/internal/comm"
 	"github.com/titan-go/titan/internal/config"
-	"github.com/titan-go/titan/internal/parallel/pipeline"
+	"github.com/titan-go/titan/internal/parallel"
 )
 
 // pipelineTrainers builds one trainer per rank of an in-process job of
@@ -37,7 +37,7 @@ func pipelineTrainers(tb testing.TB, world int, sets ...string) ([]*Trainer, fun
 				errs[r] = err
 				return
 			}
-			trs[r], errs[r] = New(j, io.Discard, &Dist{Rank: r, World: world, Group: g, Threads: 1})
+			trs[r], errs[r] = New(j, testDevice(1), io.Discard, &Dist{Rank: r, World: world, Group: g})
 		}()
 	}
 	wg.Wait()
@@ -105,7 +105,7 @@ func TestPipelineTrainsAndValidatesLikeOneProcess(t *testing.T) {
 	})
 	for _, sched := range []string{"1F1B", "ZBVZeroBubble"} {
 		t.Run(sched, func(t *testing.T) {
-			trs, all := pipelineTrainers(t, 2, append(base, "parallelism.pipeline_parallel_degree=2", "parallelism.pipeline_parallel_schedule="+sched)...)
+			_, all := pipelineTrainers(t, 2, append(base, "parallelism.pipeline_parallel_degree=2", "parallelism.pipeline_parallel_schedule="+sched)...)
 			got := make([][]float64, 2)
 			all(func(tr *Trainer) error {
 				for range 3 {
@@ -126,8 +126,14 @@ func TestPipelineTrainsAndValidatesLikeOneProcess(t *testing.T) {
 					}
 				}
 			}
-			if trs[0].pp.bubble <= -1e-9 || trs[0].pp.bubble >= 1 {
-				t.Errorf("measured bubble %v outside [0, 1)", trs[0].pp.bubble)
+			steps := make([]*parallel.PipelineStep, 2)
+			all(func(tr *Trainer) error {
+				var err error
+				steps[tr.dist.Rank], err = tr.eng.PipelineStep()
+				return err
+			})
+			if b := steps[0].Bubble; b <= -1e-9 || b >= 1 {
+				t.Errorf("measured bubble %v outside [0, 1)", b)
 			}
 		})
 	}
@@ -147,17 +153,22 @@ func BenchmarkPipelineBubble(b *testing.B) {
 		b.Run(sched, func(b *testing.B) {
 			sets := append(pipelineSets(job, 1000), "training.seq_len=64", "training.local_batch_size=8", "validation.enable=false",
 				"parallelism.pipeline_parallel_degree=2", "parallelism.pipeline_parallel_schedule="+sched)
-			trs, all := pipelineTrainers(b, 2, sets...)
+			_, all := pipelineTrainers(b, 2, sets...)
 			all(func(tr *Trainer) error { _, _, _, err := tr.TrainStep(); return err }) // warm-up
-			var sum, sim float64
+			var sum, sim, th float64
 			b.ResetTimer()
 			for range b.N {
-				all(func(tr *Trainer) error { _, _, _, err := tr.TrainStep(); return err })
-				sum += trs[0].pp.bubble
-				sim += trs[0].pp.simulated
+				all(func(tr *Trainer) error {
+					if _, _, _, err := tr.TrainStep(); err != nil {
+						return err
+					}
+					ps, err := tr.eng.PipelineStep()
+					if err == nil && tr.dist.Rank == 0 {
+						sum, sim, th = sum+ps.Bubble, sim+ps.Simulated, ps.Theory
+					}
+					return err
+				})
 			}
-			s := trs[0].pp.sched
-			th, _, _ := pipeline.Theoretical(s.Name, s.PP, s.Virtual, s.Microbatches)
 			b.ReportMetric(sum/float64(b.N), "bubble")
 			b.ReportMetric(sim/float64(b.N), "simulated")
 			b.ReportMetric(th, "theory")

@@ -25,9 +25,6 @@ func checkpointDir(folder string, step int) string { return checkpoint.StepDir(f
 // optimizer moments. Under sharded data parallelism it all-gathers them
 // over the shard group, so every rank must call it.
 func (tr *Trainer) fullState(modelOnly bool) (params, mv, vv []float32, err error) {
-	if tr.pp != nil {
-		return tr.pp.fullState(modelOnly)
-	}
 	e := tr.eng
 	if params, err = e.GatherFull(e.Params()); err != nil || modelOnly {
 		return params, nil, nil, err
@@ -136,9 +133,6 @@ func (tr *Trainer) restore() error {
 // buffer (the model's parameters or an optimizer moment) or, under FSDP,
 // this rank's shards of one, read range by range.
 func (tr *Trainer) loadTensor(r *checkpoint.Reader, prefix string, dst backend.Tensor) error {
-	if tr.pp != nil {
-		return tr.pp.load(r, prefix, dst)
-	}
 	if err := tr.eng.Load(r, prefix, dst); err != nil {
 		return err
 	}
@@ -148,9 +142,6 @@ func (tr *Trainer) loadTensor(r *checkpoint.Reader, prefix string, dst backend.T
 
 // paramsTensor is the buffer that holds this rank's parameters.
 func (tr *Trainer) paramsTensor() backend.Tensor {
-	if tr.pp != nil {
-		return tr.pp.params
-	}
 	return tr.eng.Params()
 }
 

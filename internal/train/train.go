@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"github.com/titan-go/titan/internal/backend"
-	"github.com/titan-go/titan/internal/backend/cpu"
-	"github.com/titan-go/titan/internal/backend/cpu/gemm"
 	"github.com/titan-go/titan/internal/comm"
 	"github.com/titan-go/titan/internal/config"
 	"github.com/titan-go/titan/internal/data"
@@ -52,14 +50,27 @@ type Trainer struct {
 	elapsed    float64 // seconds of training before this process (resumed runs)
 	schedStart int     // step the learning-rate schedule counts from (checkpoint.exclude_from_loading lr_scheduler)
 	ckptFolder string
+	dev        Device
 	// mesh is the device mesh and groups its communication groups,
 	// built once.
 	mesh   *mesh.Mesh
 	groups *parallel.Groups
-	// eng is this rank's share of the model without pipeline
-	// parallelism; pp the pipeline-parallel executor otherwise.
-	eng parallel.Engine
-	pp  *pipe
+	// eng is this rank's share of the model, whatever the layout, and
+	// pplan its pipeline plan.
+	eng   parallel.Engine
+	pplan parallel.PipelinePlan
+}
+
+// Device is the compute device a trainer runs on; the caller (cmd/titan)
+// picks it.
+type Device struct {
+	Backend backend.Backend
+	// Name describes it in the log ("cpu (gemm avx512), 2 threads").
+	Name string
+	// PeakFLOPS is one host's peak float32 FLOP/s, the MFU reference:
+	// the job's peak is it times the hosts, whatever the layout, so that
+	// equal tokens/s prints equal MFU.
+	PeakFLOPS float64
 }
 
 // Dist places a trainer in a data-parallel job.
@@ -67,8 +78,6 @@ type Dist struct {
 	Rank, World int
 	// Group holds every rank of the job; nil when World is 1.
 	Group comm.Group
-	// Threads is this worker's share of the CPU cores (0: all).
-	Threads int
 	// Hosts is the number of machines of the job (0 or 1: one); the
 	// job's peak is the host peak times it.
 	Hosts int
@@ -85,26 +94,29 @@ func seedOf(job *config.Job) uint64 {
 // New builds a trainer from a validated recipe, resuming from the newest
 // checkpoint in the dump folder when there is one.
 //
-// dist places the trainer in a multi-process job (nil: one process). The
-// ranks form the [parallelism] mesh pp × dp_replicate × dp_shard × cp × tp.
-// Every data-parallel rank reads the same global batch and trains on its
-// rows; parameters, gradients and optimizer state are sharded over
-// dp_shard (FSDP) and gradients all-reduced over dp_replicate (DDP; both:
-// HSDP); tensor and context parallel ranks hold shards of each layer and
-// of the sequence (sharded.go), and pipeline ranks hold stages
-// (pipeline.go). Rank 0 alone logs and writes checkpoints.
-func New(job *config.Job, out io.Writer, dist *Dist) (*Trainer, error) {
+// dev is the device to compute on and dist places the trainer in a
+// multi-process job (nil: one process). The ranks form the [parallelism]
+// mesh pp × dp_replicate × dp_shard × cp × tp, on which a
+// parallel.Engine holds this rank's share of the model. Every
+// data-parallel rank reads the same global batch and trains on its rows.
+// Rank 0 alone logs and writes checkpoints.
+func New(job *config.Job, dev Device, out io.Writer, dist *Dist) (*Trainer, error) {
 	cfg, err := ModelConfig(job)
 	if err != nil {
 		return nil, err
 	}
-	tr := &Trainer{Job: job, Cfg: cfg, out: out, seed: seedOf(job), dist: Dist{World: 1}}
+	if dev.Backend == nil {
+		return nil, errors.New("train: no backend")
+	}
+	tr := &Trainer{Job: job, Cfg: cfg, out: out, seed: seedOf(job), dist: Dist{World: 1}, dev: dev, be: dev.Backend}
 	if dist != nil {
 		tr.dist = *dist
 	}
-	if tr.mesh, err = checkParallelism(job, tr.dist.World); err != nil {
+	var pplan parallel.PipelinePlan
+	if tr.mesh, pplan, err = checkParallelism(job, tr.dist.World); err != nil {
 		return nil, err
 	}
+	tr.pplan = pplan
 	// Refuse a job that cannot fit before anything large is allocated.
 	plan, err := memplan.FromJob(job, tr.dist.World)
 	if err != nil {
@@ -125,6 +137,9 @@ func New(job *config.Job, out io.Writer, dist *Dist) (*Trainer, error) {
 	}
 	tr.Tok, err = LoadTokenizer(job.Model.TokenizerPath)
 	if err != nil {
+		return nil, err
+	}
+	if tr.groups, err = parallel.NewGroups(tr.dist.Group, tr.mesh, tr.dist.Rank); err != nil {
 		return nil, err
 	}
 	if tr.Tok.VocabSize() > cfg.VocabSize {
@@ -153,38 +168,23 @@ func New(job *config.Job, out io.Writer, dist *Dist) (*Trainer, error) {
 		if heldOut {
 			ds, path = job.Training.Dataset, job.Training.DatasetPath
 		}
-		if tr.Val, err = OpenData(ds, path, T, B*tr.dataRanks(), tr.seed, tr.Tok, heldOut, heldOut); err != nil {
+		if tr.Val, err = OpenData(ds, path, v.SeqLen, v.LocalBatchSize*tr.dataRanks(), tr.seed, tr.Tok, heldOut, heldOut); err != nil {
 			return nil, fmt.Errorf("validation dataset: %w", err)
 		}
 	}
-	threads := job.Training.Threads
-	if threads == 0 {
-		threads = tr.dist.Threads
+	be := dev.Backend
+	reshard, err := fsdp.ParseReshard(job.Parallelism.FSDPReshardAfterForward)
+	if err != nil {
+		return nil, fmt.Errorf("parallelism: %w", err)
 	}
-	be := cpu.New(threads)
-	tr.be = be
-	if tr.groups, err = parallel.NewGroups(tr.dist.Group, tr.mesh, tr.dist.Rank); err != nil {
+	fam := llama.Family{Cfg: cfg, Checkpoint: tr.acPolicy()}
+	if tr.eng, err = parallel.New(be, fam, tr.groups, parallel.Options{
+		Pipeline: pplan, T: T, EvalRows: v.LocalBatchSize, EvalT: v.SeqLen, Reshard: reshard,
+	}); err != nil {
 		return nil, err
 	}
-	var nOpt int
-	if tr.mesh.PP > 1 {
-		// Pipeline stages, sharded under tp and cp when they are > 1.
-		if err := tr.newPipeline(be); err != nil {
-			return nil, err
-		}
-		nOpt = tr.pp.params.Len
-	} else {
-		reshard, err := fsdp.ParseReshard(job.Parallelism.FSDPReshardAfterForward)
-		if err != nil {
-			return nil, fmt.Errorf("parallelism: %w", err)
-		}
-		if tr.eng, err = parallel.NewSPMD(be, cfg, tr.groups, parallel.Options{B: B, T: T, Checkpoint: tr.acPolicy(), Reshard: reshard}); err != nil {
-			return nil, err
-		}
-		nOpt = tr.eng.Params().Len
-	}
 	oc := job.Optimizer
-	if tr.Opt, err = optim.New(be, nOpt, optim.Config{
+	if tr.Opt, err = optim.New(be, tr.eng.Params().Len, optim.Config{
 		Name: oc.Name, Implementation: oc.Implementation,
 		LR: float32(oc.LR), Beta1: float32(oc.Beta1), Beta2: float32(oc.Beta2), Eps: float32(oc.Eps), WeightDecay: float32(oc.WeightDecay),
 	}); err != nil {
@@ -201,60 +201,70 @@ func New(job *config.Job, out io.Writer, dist *Dist) (*Trainer, error) {
 	if err := tr.Sched.Validate(); err != nil {
 		return nil, err
 	}
-	// MFU is the job's model FLOPs over the job's peak: the host's peak
-	// (measured once with all its cores) times the hosts, whatever the
-	// layout, so that equal tokens/s prints equal MFU.
-	tr.peakFLOPS = cpu.HostPeakFLOPS() * float64(max(tr.dist.Hosts, 1))
+	// MFU is the job's model FLOPs over the job's peak.
+	tr.peakFLOPS = dev.PeakFLOPS * float64(max(tr.dist.Hosts, 1))
 	tr.ckptFolder = filepath.Join(job.Job.DumpFolder, job.Checkpoint.Folder)
-	if tr.pp != nil {
-		tr.pp.init(tr.seed)
-	} else {
-		tr.eng.Init(tr.seed)
-	}
+	tr.eng.Init(tr.seed)
 	if err := tr.restore(); err != nil {
 		return nil, err
 	}
 	return tr, nil
 }
 
-// checkParallelism lays the world out on the [parallelism] mesh and
-// refuses the layouts the model's shapes cannot split (pipeline stages,
-// tensor and context parallel checks); it returns the mesh.
-func checkParallelism(job *config.Job, world int) (*mesh.Mesh, error) {
+// checkParallelism lays the world out on the [parallelism] mesh, refuses
+// the layouts the model's shapes cannot split (pipeline stages, tensor
+// and context parallel checks) and returns the mesh with the resolved
+// pipeline plan.
+func checkParallelism(job *config.Job, world int) (*mesh.Mesh, parallel.PipelinePlan, error) {
 	p := job.Parallelism
+	var none parallel.PipelinePlan
 	if _, err := fsdp.ParseReshard(p.FSDPReshardAfterForward); err != nil {
-		return nil, fmt.Errorf("parallelism: %w", err)
-	}
-	if err := checkPipeline(job); err != nil {
-		return nil, err
-	}
-	m, err := mesh.New(world, mesh.Degrees{PP: p.PipelineParallelDegree, DPReplicate: p.DataParallelReplicateDegree, DPShard: p.DataParallelShardDegree, CP: p.ContextParallelDegree, TP: p.TensorParallelDegree})
-	if err != nil {
-		return nil, err
-	}
-	if p.EnableAsyncTensorParallel {
-		return nil, errors.New("parallelism.enable_async_tensor_parallel: not implemented yet (set it to false)")
+		return nil, none, fmt.Errorf("parallelism: %w", err)
 	}
 	cfg, err := ModelConfig(job)
 	if err != nil {
-		return nil, err
+		return nil, none, err
+	}
+	pplan, err := parallel.PlanPipeline(cfg.NLayers, job.Training.LocalBatchSize, parallel.PipelineSettings{
+		Degree: p.PipelineParallelDegree, Schedule: p.PipelineParallelSchedule, LayersPerStage: p.PipelineParallelLayersPerStage,
+		FirstLessLayers: p.PipelineParallelFirstStageLessLayers, LastLessLayers: p.PipelineParallelLastStageLessLayers,
+		MicrobatchSize: p.PipelineParallelMicrobatchSize,
+	})
+	if err != nil {
+		return nil, none, err
+	}
+	m, err := mesh.New(world, mesh.Degrees{PP: p.PipelineParallelDegree, DPReplicate: p.DataParallelReplicateDegree, DPShard: p.DataParallelShardDegree, CP: p.ContextParallelDegree, TP: p.TensorParallelDegree})
+	if err != nil {
+		return nil, none, err
+	}
+	if p.EnableAsyncTensorParallel {
+		return nil, none, errors.New("parallelism.enable_async_tensor_parallel: not implemented yet (set it to false)")
 	}
 	if err := llama.CheckParallel(cfg, job.Training.SeqLen, m.TP, m.CP); err != nil {
-		return nil, err
+		return nil, none, err
 	}
-	return m, nil
+	if v := job.Validation; v.Enable {
+		if err := llama.CheckParallel(cfg, v.SeqLen, m.TP, m.CP); err != nil {
+			return nil, none, fmt.Errorf("validation.seq_len %d: %w", v.SeqLen, err)
+		}
+		if v.SeqLen > cfg.MaxSeqLen {
+			return nil, none, fmt.Errorf("validation.seq_len %d exceeds the max_seq_len %d of flavor %s", v.SeqLen, cfg.MaxSeqLen, job.Model.Flavor)
+		}
+	}
+	return m, pplan, nil
 }
 
 // stateBytes is the memory of this rank's parameters, gradients and
 // optimizer moments (their shards under FSDP); gathered unit buffers are
 // transient and not included.
 func (tr *Trainer) stateBytes() int64 {
-	opt := int64(tr.Opt.M.Len+tr.Opt.V.Len) * 4
-	if tr.pp != nil {
-		return tr.pp.stateBytes() + opt
-	}
-	return tr.eng.Memory().StateBytes + opt
+	return tr.eng.Memory().StateBytes + int64(tr.Opt.M.Len+tr.Opt.V.Len)*4
 }
+
+// dataRanks is the number of data-parallel ranks, the ranks that read
+// different rows of the global batch (pipeline stages, tp and cp ranks
+// read the same rows).
+func (tr *Trainer) dataRanks() int { return tr.groups.DataRanks() }
 
 // acPolicy is the recipe's activation checkpointing policy, as logged.
 func (tr *Trainer) acPolicy() llama.ActivationCheckpoint {
@@ -302,12 +312,18 @@ func (tr *Trainer) Run(ctx context.Context) error {
 	}
 	defer tr.log.Close()
 	B, T := job.Training.LocalBatchSize, job.Training.SeqLen
-	tr.log.Printf("titan: llama3 %s, %s parameters, %d sequences × %d tokens per step (%d microbatches of %d on each of %d ranks), %d threads per rank, gemm %s, peak %.0f GFLOP/s, activation checkpointing %s (%.1f MiB of activations per rank)",
-		job.Model.Flavor, humanCount(tr.Cfg.NumParams()), tr.accum*B*tr.dataRanks(), T, tr.accum, B, tr.dataRanks(), tr.be.(*cpu.Backend).Threads(), gemm.Kernel(), tr.peakFLOPS/1e9,
-		tr.acPolicy(), float64(tr.activationBytes())/(1<<20))
+	tr.log.Printf("titan: llama3 %s, %s parameters, %d sequences × %d tokens per step (%d microbatches of %d on each of %d ranks), %s per rank, peak %.0f GFLOP/s, activation checkpointing %s (%.1f MiB of activations per rank)",
+		job.Model.Flavor, humanCount(tr.Cfg.NumParams()), tr.accum*B*tr.dataRanks(), T, tr.accum, B, tr.dataRanks(), tr.dev.Name, tr.peakFLOPS/1e9,
+		tr.acPolicy(), float64(tr.eng.Memory().ActivationBytes)/(1<<20))
 	tr.log.Printf("titan: optimizer %s (%s)", tr.Opt.Name(), tr.Opt.Implementation())
 	if tr.mesh != nil {
 		tr.log.Printf("titan: mesh %s, fsdp_reshard_after_forward %q", tr.mesh, job.Parallelism.FSDPReshardAfterForward)
+	}
+	if tr.mesh.PP > 1 {
+		tr.log.Printf("titan: pipeline %s", tr.pplan)
+	}
+	if job.Training.Deterministic {
+		tr.log.Printf("titan: deterministic: on (titan's kernels and collectives are deterministic in every mode: a run reproduces bit for bit)")
 	}
 	for _, w := range memplan.Warnings(job) {
 		tr.log.Printf("titan: warning: %s", w)
@@ -364,6 +380,13 @@ func (tr *Trainer) Run(ctx context.Context) error {
 			val = &v
 		}
 		if tr.Step%logFreq == 0 || tr.Step == 1 || tr.Step == job.Training.Steps || val != nil {
+			ps, err := tr.eng.PipelineStep()
+			if err != nil {
+				return err
+			}
+			if ps != nil {
+				tr.log.Printf("titan: %s", ps)
+			}
 			mem, err := tr.maxOverRanks(metrics.PeakRSSGiB())
 			if err != nil {
 				return err
@@ -372,11 +395,15 @@ func (tr *Trainer) Run(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
+			gathered, err := tr.maxOverRanks(float64(tr.eng.Memory().GatheredUnits))
+			if err != nil {
+				return err
+			}
 			sec := time.Since(windowStart).Seconds()
 			tps := float64(windowTokens) / sec
 			rec := metrics.Record{
 				Step: tr.Step, Loss: lossSum / float64(lossN), GradNorm: gnorm, LR: lr,
-				TokensPerSec: tps, TFLOPs: flopsPerToken * tps / 1e12, MemGiB: mem, StateGiB: state,
+				TokensPerSec: tps, TFLOPs: flopsPerToken * tps / 1e12, MemGiB: mem, StateGiB: state, GatheredUnits: int(gathered),
 				ElapsedS: tr.elapsed + time.Since(start).Seconds(), ValLoss: val,
 			}
 			if tr.peakFLOPS > 0 {
@@ -451,9 +478,6 @@ func (tr *Trainer) sumOverRanks(x []float64) error {
 // mean loss over the global batch, the gradient norm before clipping and
 // the learning rate used.
 func (tr *Trainer) TrainStep() (loss, gradNorm, lr float64, err error) {
-	if tr.pp != nil {
-		return tr.ppTrainStep()
-	}
 	batch, err := tr.Data.Next()
 	if err != nil {
 		return 0, 0, 0, err
@@ -496,9 +520,6 @@ func (tr *Trainer) TrainStep() (loss, gradNorm, lr float64, err error) {
 func (tr *Trainer) Validate(steps int) (float64, error) {
 	if steps <= 0 {
 		steps = 10
-	}
-	if tr.pp != nil {
-		return tr.ppValidate(steps)
 	}
 	var sum float64
 	var n int

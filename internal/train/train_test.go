@@ -3,6 +3,7 @@ package train
 import (
 	"context"
 	"errors"
+	"github.com/titan-go/titan/internal/backend/cpu"
 	"io"
 	"math"
 	"os"
@@ -33,7 +34,7 @@ func testJob(t *testing.T, dump string, steps int) *config.Job {
 
 func lossesOf(t *testing.T, job *config.Job, stopAt int) []float64 {
 	t.Helper()
-	tr, err := New(job, io.Discard, nil)
+	tr, err := New(job, testDevice(0), io.Discard, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,11 +86,11 @@ func TestActivationCheckpointingTrainsIdentically(t *testing.T) {
 		job := testJob(t, t.TempDir(), 5)
 		job.Checkpoint.Enable = false
 		job.ActivationCheckpoint.Mode, job.ActivationCheckpoint.SelectiveACOption = c.mode, c.option
-		tr, err := New(job, io.Discard, nil)
+		tr, err := New(job, testDevice(0), io.Discard, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		bytes := tr.activationBytes()
+		bytes := tr.eng.Memory().ActivationBytes
 		var losses []float64
 		tr.OnStep = func(_ int, loss float64) { losses = append(losses, loss) }
 		err = tr.Run(context.Background())
@@ -128,7 +129,12 @@ func TestGradientAccumulation(t *testing.T) {
 	}
 	bad := testJob(t, t.TempDir(), 1)
 	bad.Training.GlobalBatchSize = 5
-	if _, err := New(bad, io.Discard, nil); err == nil || !strings.Contains(err.Error(), "global_batch_size") {
+	if _, err := New(bad, testDevice(0), io.Discard, nil); err == nil || !strings.Contains(err.Error(), "global_batch_size") {
 		t.Errorf("global batch 5 over local 2: %v", err)
 	}
+}
+
+// testDevice is the CPU backend with threads workers (0: all cores).
+func testDevice(threads int) Device {
+	return Device{Backend: cpu.New(threads), Name: "cpu (test)", PeakFLOPS: 1e11}
 }

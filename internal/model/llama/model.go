@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/titan-go/titan/internal/backend"
+	"github.com/titan-go/titan/internal/model"
 )
 
 // LayerParams are the views of one transformer block's parameters (or of
@@ -22,33 +23,18 @@ type Params struct {
 	Output    backend.Tensor
 }
 
-// UnitHooks are called by Forward and Backward around the computation of
-// each unit (see Units): BeforeForward(u) before the first use of unit
-// u's parameters in a forward pass and AfterForward(u) after the last
-// one; BeforeBackward(u) before unit u's parameters and gradients are
-// used in the backward pass and AfterBackward(u) once its gradients are
-// complete for this pass. Forward visits units in increasing order,
-// Backward in decreasing order. A hook's error aborts the pass and is
-// returned.
-//
-// With activation checkpointing, a layer's forward recomputation is part
-// of its backward: it runs after BeforeBackward, on the parameters bound
-// then, and no forward hook is called for it. The sequence is therefore
-// the same in every checkpointing mode.
-//
-// A split backward (BackwardInput, then BackwardWeight) calls
-// BeforeBackward/AfterBackward around each unit in BackwardInput, with
-// the unit's weight gradients still missing, and then, in
-// BackwardWeight, BeforeBackward/AfterBackward again around the deferred
-// weight-gradient products of each unit in decreasing order. Every
-// gradient element is written in exactly one of the two passes, so
-// summing both passes' gradients gives Backward's bit for bit.
-type UnitHooks interface {
-	BeforeForward(unit int) error
-	AfterForward(unit int) error
-	BeforeBackward(unit int) error
-	AfterBackward(unit int) error
-}
+// UnitHooks are the unit hooks Forward and Backward call (see
+// model.UnitHooks). With activation checkpointing, a layer's forward
+// recomputation is part of its backward: it runs after BeforeBackward, on
+// the parameters bound then, and no forward hook is called for it, so the
+// sequence is the same in every checkpointing mode. A split backward
+// (BackwardInput, then BackwardWeight) calls BeforeBackward/AfterBackward
+// around each unit in BackwardInput, with the unit's weight gradients
+// still missing, and again around the deferred weight-gradient products
+// of each unit in BackwardWeight; every gradient element is written in
+// exactly one of the two passes, so summing both passes' gradients gives
+// Backward's bit for bit.
+type UnitHooks = model.UnitHooks
 
 // Model is one rank's part of a Llama 3 model (see Plan) sized for
 // batches of B sequences of T tokens. Its parameters and gradients are
@@ -298,7 +284,7 @@ func (m *Model) Replicated() []Unit {
 	var rs []Unit
 	for _, p := range m.Layout {
 		if p.Kind == Replicated {
-			rs = append(rs, Unit{p.LocalOffset, p.LocalOffset + p.LocalSize})
+			rs = append(rs, Unit{Lo: p.LocalOffset, Hi: p.LocalOffset + p.LocalSize})
 		}
 	}
 	return rs
@@ -810,16 +796,21 @@ func (m *Model) Init(seed uint64) {
 // InitLocal writes the initial values of this rank's flat-buffer
 // elements [offset, offset+len(dst)) into dst.
 func (m *Model) InitLocal(seed uint64, dst []float32, offset int) {
-	tp := m.tp()
+	initLayout(m.Cfg, m.Layout, m.tp(), m.TPRank, seed, dst, offset)
+}
+
+// initLayout writes the initial values of the elements [offset,
+// offset+len(dst)) of tp rank r's flat buffer laid out as lay into dst.
+func initLayout(cfg Config, lay []ShardParam, tp, r int, seed uint64, dst []float32, offset int) {
 	end := offset + len(dst)
-	for _, p := range m.Layout {
+	for _, p := range lay {
 		lo, hi := max(offset, p.LocalOffset), min(end, p.LocalOffset+p.LocalSize)
 		if lo >= hi {
 			continue
 		}
 		shard := make([]float32, p.LocalSize)
-		ReadShard(p, tp, m.TPRank, shard, func(lo int, d []float32) error {
-			InitParams(m.Cfg, seed, d, p.Offset+lo)
+		ReadShard(p, tp, r, shard, func(lo int, d []float32) error {
+			InitParams(cfg, seed, d, p.Offset+lo)
 			return nil
 		})
 		copy(dst[lo-offset:hi-offset], shard[lo-p.LocalOffset:hi-p.LocalOffset])

@@ -3,6 +3,8 @@ package llama
 import (
 	"fmt"
 
+	"github.com/titan-go/titan/internal/model"
+
 	"github.com/titan-go/titan/internal/backend"
 )
 
@@ -185,17 +187,14 @@ func hasSuffix(s, suf string) bool { return len(s) >= len(suf) && s[len(s)-len(s
 // whole model are the token embedding, each transformer layer, and the
 // final norm with the output projection; a pipeline stage has those it
 // holds, in the same order.
-type Unit struct{ Lo, Hi int }
-
-// Len is the number of elements of the unit.
-func (u Unit) Len() int { return u.Hi - u.Lo }
+type Unit = model.Range
 
 // LayoutUnits groups lay (a LocalLayout) into its units.
 func LayoutUnits(lay []ShardParam) []Unit {
 	var us []Unit
 	for i := 0; i < len(lay); {
 		n := unitTensors(lay, i)
-		us = append(us, Unit{lay[i].LocalOffset, lay[i+n-1].LocalOffset + lay[i+n-1].LocalSize})
+		us = append(us, Unit{Lo: lay[i].LocalOffset, Hi: lay[i+n-1].LocalOffset + lay[i+n-1].LocalSize})
 		i += n
 	}
 	return us

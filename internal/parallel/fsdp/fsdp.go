@@ -34,8 +34,8 @@ import (
 type Reshard int
 
 const (
-	// ReshardDefault is ReshardAlways, as torchtitan's default without
-	// pipeline parallelism.
+	// ReshardDefault is torchtitan's default: ReshardAlways without
+	// pipeline parallelism, ReshardNever with it (see Resolve).
 	ReshardDefault Reshard = iota
 	// ReshardAlways frees each unit's gathered parameters after its
 	// forward and gathers them again for its backward (less memory).
@@ -58,6 +58,20 @@ func ParseReshard(s string) (Reshard, error) {
 	return 0, fmt.Errorf("fsdp: fsdp_reshard_after_forward %q: want default, always or never", s)
 }
 
+// Resolve returns the policy ReshardDefault stands for: ReshardNever
+// under pipeline parallelism (each unit is used by several microbatches
+// in turn, so gathering it once per step saves communication), and
+// ReshardAlways otherwise.
+func (p Reshard) Resolve(pipelined bool) Reshard {
+	if p != ReshardDefault {
+		return p
+	}
+	if pipelined {
+		return ReshardNever
+	}
+	return ReshardAlways
+}
+
 // Config places a Runtime in the data-parallel mesh.
 type Config struct {
 	// Shard is the dp_shard group parameters are sharded over; nil or a
@@ -75,6 +89,14 @@ type Config struct {
 	// MaxGradBuffers bounds the unit gradient buffers (the unit being
 	// computed plus reductions in flight); 0 means 2.
 	MaxGradBuffers int
+	// Segments are the first units of the runs of units that compute
+	// one after the other (a rank's pipeline stages, in order); nil is
+	// one run. Prefetching stays inside a run.
+	Segments []int
+	// KeepLast keeps the last unit's gathered parameters after its
+	// forward whatever the policy, because its backward follows at once
+	// (the unit with the loss).
+	KeepLast bool
 }
 
 // Range is a range [Lo, Hi) of flat-buffer elements.
@@ -134,6 +156,8 @@ type Runtime struct {
 	local1    bool // no group: parameters and gradients are bound in place
 	maxGrad   int
 	unitMax   int
+	keepLast  bool
+	segment   []int // run of each unit
 
 	pbuf   []backend.Tensor // gathered parameters of each unit (Mem nil: none)
 	pwork  []*comm.Work     // gather in flight into pbuf
@@ -187,7 +211,16 @@ func New(be backend.Backend, units []Range, bind Binder, c Config) (*Runtime, er
 	}
 	r := &Runtime{
 		Layout: lay, be: be, bind: bind, shard: shard, replicate: replicate,
-		reshard: c.Reshard, blocking: c.Blocking, maxGrad: c.MaxGradBuffers,
+		reshard: c.Reshard, blocking: c.Blocking, maxGrad: c.MaxGradBuffers, keepLast: c.KeepLast,
+	}
+	r.segment = make([]int, len(units))
+	for _, first := range c.Segments {
+		if first < 0 || first >= len(units) {
+			return nil, fmt.Errorf("fsdp: segment start %d outside the %d units", first, len(units))
+		}
+		for u := first; u < len(units); u++ {
+			r.segment[u]++
+		}
 	}
 	if r.maxGrad <= 0 {
 		r.maxGrad = 2
@@ -329,7 +362,7 @@ func (r *Runtime) use(u, next int) error {
 	if err := r.gather(u); err != nil {
 		return err
 	}
-	if !r.blocking && next >= 0 && next < len(r.Units) {
+	if !r.blocking && next >= 0 && next < len(r.Units) && r.segment[next] == r.segment[u] {
 		if err := r.gather(next); err != nil {
 			return err
 		}
@@ -345,9 +378,9 @@ func (r *Runtime) use(u, next int) error {
 func (r *Runtime) BeforeForward(u int) error { return r.use(u, u+1) }
 
 // AfterForward frees unit u's gathered parameters unless the policy keeps
-// them. The last unit is always kept: its backward comes right after.
+// them (or, with KeepLast, u is the last unit).
 func (r *Runtime) AfterForward(u int) error {
-	if r.reshard != ReshardNever && u != len(r.Units)-1 {
+	if r.reshard != ReshardNever && !(r.keepLast && u == len(r.Units)-1) {
 		r.releaseParams(u)
 	}
 	return nil

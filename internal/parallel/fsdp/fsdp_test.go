@@ -114,7 +114,7 @@ func TestReadRangeReshards(t *testing.T) {
 					l, _ := NewLayout(unitRanges(cfg.LocalLayout(tp, llama.StageSpec{NumLayers: cfg.NLayers, Embedding: true, Head: true})), parts, rank)
 					loc := make([]float32, l.Len)
 					for u, s := range l.Shards {
-						if err := modelfile.ReadLocal(r, "model/", lay, tp, tr, s.Lo, loc[l.Local[u]:l.Local[u]+s.Len()]); err != nil {
+						if err := llama.ReadLocal(r, "model/", lay, tp, tr, s.Lo, loc[l.Local[u]:l.Local[u]+s.Len()]); err != nil {
 							t.Fatal(err)
 						}
 						for i := 0; i < s.Len(); i++ {
@@ -127,7 +127,7 @@ func TestReadRangeReshards(t *testing.T) {
 			}
 		}
 	}
-	if err := modelfile.ReadLocal(r, "optimizer/exp_avg/", cfg.ShardLayout(1), 1, 0, 0, make([]float32, 4)); err == nil {
+	if err := llama.ReadLocal(r, "optimizer/exp_avg/", cfg.ShardLayout(1), 1, 0, 0, make([]float32, 4)); err == nil {
 		t.Error("reading a missing tensor succeeded")
 	}
 }

@@ -1,0 +1,344 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/titan-go/titan/internal/backend"
+	"github.com/titan-go/titan/internal/comm"
+)
+
+// Stage is one activation set of a model stage, what the executor runs
+// an action on. Several sets of one stage (one per microbatch in flight)
+// share its parameters and gradients.
+type Stage interface {
+	// Forward runs the stage on this rank's tokens of one microbatch;
+	// a stage other than the first reads its input from Input().
+	Forward(tokens, targets []int32) error
+	// LossSum is the last Forward's sum of per-token losses (last stage).
+	LossSum() float64
+	// Backward runs the whole backward with loss scale scale; a stage
+	// other than the last reads its output gradient from GradOutput().
+	// BackwardInput and BackwardWeight are its two halves.
+	Backward(scale float32) error
+	BackwardInput(scale float32) error
+	BackwardWeight() error
+	// ReserveSplit allocates the memory a split backward keeps.
+	ReserveSplit()
+	Input() backend.Tensor
+	Output() backend.Tensor
+	GradOutput() backend.Tensor
+	GradInput() backend.Tensor
+}
+
+// Stats are one rank's measurements of the passes since the last Reset.
+type Stats struct {
+	// Busy and Wall are the compute time and the elapsed time.
+	Busy, Wall time.Duration
+	// KindTime and KindCount are the compute time and number of actions
+	// of each Kind.
+	KindTime  [numKinds]time.Duration
+	KindCount [numKinds]int
+}
+
+// msgKey names a transfer: the input (activation) or the output gradient
+// of a stage for a microbatch, as the receiving stage sees it.
+type msgKey struct {
+	grad      bool
+	stage, mb int
+}
+
+// peer is the receive side of one neighbouring pipeline rank: the
+// messages it sends this rank in its order, with one receive posted ahead.
+type peer struct {
+	rank  int
+	queue []msgKey
+	pos   int
+	work  *comm.Work
+	buf   []float32
+}
+
+// Executor runs one pipeline rank's actions of a Schedule on its stages,
+// exchanging activations and gradients with the other ranks of the
+// pipeline group. It holds, for each of the rank's stages, as many
+// activation sets as the schedule keeps alive at its peak.
+type Executor struct {
+	Sched Schedule
+	// Rank is this rank's place in the pipeline group.
+	Rank  int
+	group comm.Group // nil: one rank
+	be    backend.Backend
+	sets  map[int][]Stage      // every activation set of each local stage
+	free  map[int][]Stage      // the free ones
+	live  map[[2]int]Stage     // by (stage, microbatch)
+	mail  map[msgKey][]float32 // delivered, not yet consumed
+	sends []*comm.Work
+	stats Stats
+}
+
+// ctx is the context of the executor's transfers; timeouts come from the
+// group's options.
+var ctx = context.Background()
+
+// NewExecutor builds the executor of pipeline rank rank (its place in
+// group, nil for a pipeline of one rank), creating with newSet the
+// activation sets of each of its stages that the schedule needs at its
+// peak (and reserving the split backward's memory when the schedule
+// splits backwards).
+func NewExecutor(be backend.Backend, s Schedule, group comm.Group, rank int, newSet func(stage int) (Stage, error)) (*Executor, error) {
+	x := &Executor{Sched: s, Rank: rank, group: group, be: be,
+		sets: map[int][]Stage{}, free: map[int][]Stage{}, live: map[[2]int]Stage{}, mail: map[msgKey][]float32{}}
+	live, peak, split := map[int]int{}, map[int]int{}, false
+	for _, st := range s.Stages(rank) {
+		peak[st] = 1
+	}
+	for _, a := range s.Actions[rank] {
+		switch a.Kind {
+		case BackwardInput:
+			split = true
+		case Forward:
+			live[a.Stage]++
+			peak[a.Stage] = max(peak[a.Stage], live[a.Stage])
+		case Backward, BackwardWeight:
+			live[a.Stage]--
+		}
+	}
+	for _, st := range s.Stages(rank) {
+		for i := 0; i < peak[st]; i++ {
+			set, err := newSet(st)
+			if err != nil {
+				return nil, fmt.Errorf("pipeline stage %d: %w", st, err)
+			}
+			if split {
+				set.ReserveSplit()
+			}
+			x.sets[st] = append(x.sets[st], set)
+		}
+		x.free[st] = append([]Stage(nil), x.sets[st]...)
+	}
+	return x, nil
+}
+
+// Sets returns every activation set of local stage s.
+func (x *Executor) Sets(s int) []Stage { return x.sets[s] }
+
+// Stats returns the measurements since the last ResetStats.
+func (x *Executor) Stats() Stats { return x.stats }
+
+// ResetStats clears the measurements.
+func (x *Executor) ResetStats() { x.stats = Stats{} }
+
+func (x *Executor) acquire(s, mb int) (Stage, error) {
+	f := x.free[s]
+	if len(f) == 0 {
+		return nil, fmt.Errorf("pipeline: rank %d has no free activation set of stage %d for microbatch %d", x.Rank, s, mb)
+	}
+	set := f[len(f)-1]
+	x.free[s] = f[:len(f)-1]
+	x.live[[2]int{s, mb}] = set
+	return set, nil
+}
+
+func (x *Executor) release(s, mb int) {
+	k := [2]int{s, mb}
+	x.free[s] = append(x.free[s], x.live[k])
+	delete(x.live, k)
+}
+
+// peers lists, for every other rank that sends this rank something while
+// running actions (each rank's list), the messages in the sender's order.
+func (x *Executor) peers(actions [][]Action) map[int]*peer {
+	sr := x.Sched.StageRank
+	S := len(sr)
+	out := map[int]*peer{}
+	for q, list := range actions {
+		if q == x.Rank {
+			continue
+		}
+		for _, a := range list {
+			var k msgKey
+			switch {
+			case a.Kind == Forward && a.Stage < S-1 && sr[a.Stage+1] == x.Rank:
+				k = msgKey{false, a.Stage + 1, a.Microbatch}
+			case (a.Kind == Backward || a.Kind == BackwardInput) && a.Stage > 0 && sr[a.Stage-1] == x.Rank:
+				k = msgKey{true, a.Stage - 1, a.Microbatch}
+			default:
+				continue
+			}
+			if out[q] == nil {
+				out[q] = &peer{rank: q}
+			}
+			out[q].queue = append(out[q].queue, k)
+		}
+	}
+	return out
+}
+
+// post starts the receive of p's next message, if any, into a buffer of
+// n elements.
+func (x *Executor) post(p *peer, n int) {
+	if p.pos >= len(p.queue) {
+		p.work = nil
+		return
+	}
+	p.buf = make([]float32, n)
+	p.work = x.group.RecvAsync(ctx, comm.F32(p.buf), p.rank)
+}
+
+// recv returns the message k, receiving (in each sender's order) until it
+// arrives.
+func (x *Executor) recv(peers map[int]*peer, k msgKey, n int) ([]float32, error) {
+	if b, ok := x.mail[k]; ok {
+		delete(x.mail, k)
+		return b, nil
+	}
+	from := k.stage - 1
+	if k.grad {
+		from = k.stage + 1
+	}
+	p := peers[x.Sched.StageRank[from]]
+	for p != nil && p.work != nil {
+		if err := p.work.Wait(); err != nil {
+			return nil, fmt.Errorf("pipeline: receiving from rank %d: %w", p.rank, err)
+		}
+		got, b := p.queue[p.pos], p.buf
+		p.pos++
+		x.post(p, n)
+		if got == k {
+			return b, nil
+		}
+		x.mail[got] = b
+	}
+	return nil, fmt.Errorf("pipeline: rank %d never receives %+v", x.Rank, k)
+}
+
+// send hands data to the stage of k, on this rank or another.
+func (x *Executor) send(k msgKey, data []float32) {
+	to := x.Sched.StageRank[k.stage]
+	if to == x.Rank {
+		x.mail[k] = data
+		return
+	}
+	x.sends = append(x.sends, x.group.SendAsync(ctx, comm.F32(data), to))
+}
+
+// ForwardOnly is the action lists of an evaluation pass over the
+// schedule's microbatches: every microbatch forward through the stages
+// in order.
+func (x *Executor) ForwardOnly() [][]Action {
+	actions := make([][]Action, x.Sched.PP)
+	for mb := 0; mb < x.Sched.Microbatches; mb++ {
+		for s, r := range x.Sched.StageRank {
+			actions[r] = append(actions[r], Action{Kind: Forward, Stage: s, Microbatch: mb})
+		}
+	}
+	return actions
+}
+
+// Run executes this rank's list of actions (one list per rank) on one
+// pass over the schedule's microbatches: inputs and labels hold this
+// rank's tokens of each microbatch, per tokens each, in order. It returns
+// the sum of the losses of the microbatches whose last stage runs here.
+// With train unset only forwards run (evaluation) and each activation
+// set is released right after its forward.
+func (x *Executor) Run(actions [][]Action, inputs, labels []int32, per int, scale float32, train bool) (float64, error) {
+	S := len(x.Sched.StageRank)
+	var n int // elements of one transferred hidden state
+	for _, sets := range x.sets {
+		n = sets[0].Input().Len
+	}
+	peers := x.peers(actions)
+	for _, p := range peers {
+		x.post(p, n)
+	}
+	var lossSum float64
+	start := time.Now()
+	timed := func(k Kind, t0 time.Time) {
+		dt := time.Since(t0)
+		x.stats.Busy += dt
+		x.stats.KindTime[k] += dt
+		x.stats.KindCount[k]++
+	}
+	for _, a := range actions[x.Rank] {
+		s, mb := a.Stage, a.Microbatch
+		switch a.Kind {
+		case Forward:
+			set, err := x.acquire(s, mb)
+			if err != nil {
+				return 0, err
+			}
+			if s > 0 {
+				in, err := x.recv(peers, msgKey{false, s, mb}, n)
+				if err != nil {
+					return 0, err
+				}
+				x.be.Upload(set.Input(), in)
+			}
+			t0 := time.Now()
+			err = set.Forward(inputs[mb*per:(mb+1)*per], labels[mb*per:(mb+1)*per])
+			timed(a.Kind, t0)
+			if err != nil {
+				return 0, err
+			}
+			if s == S-1 {
+				lossSum += set.LossSum()
+			} else {
+				out := make([]float32, set.Output().Len)
+				x.be.Download(out, set.Output())
+				x.send(msgKey{false, s + 1, mb}, out)
+			}
+			if !train {
+				x.release(s, mb)
+			}
+		case Backward, BackwardInput:
+			set := x.live[[2]int{s, mb}]
+			if s < S-1 {
+				g, err := x.recv(peers, msgKey{true, s, mb}, n)
+				if err != nil {
+					return 0, err
+				}
+				x.be.Upload(set.GradOutput(), g)
+			}
+			t0 := time.Now()
+			var err error
+			if a.Kind == Backward {
+				err = set.Backward(scale)
+			} else {
+				err = set.BackwardInput(scale)
+			}
+			timed(a.Kind, t0)
+			if err != nil {
+				return 0, err
+			}
+			if s > 0 {
+				g := make([]float32, set.GradInput().Len)
+				x.be.Download(g, set.GradInput())
+				x.send(msgKey{true, s - 1, mb}, g)
+			}
+			if a.Kind == Backward {
+				x.release(s, mb)
+			}
+		case BackwardWeight:
+			t0 := time.Now()
+			err := x.live[[2]int{s, mb}].BackwardWeight()
+			timed(a.Kind, t0)
+			if err != nil {
+				return 0, err
+			}
+			x.release(s, mb)
+		}
+	}
+	var err error
+	for _, w := range x.sends {
+		err = errors.Join(err, w.Wait())
+	}
+	x.sends = x.sends[:0]
+	if len(x.mail) != 0 {
+		err = errors.Join(err, fmt.Errorf("pipeline: rank %d has %d undelivered messages", x.Rank, len(x.mail)))
+		clear(x.mail)
+	}
+	x.stats.Wall += time.Since(start)
+	return lossSum, err
+}

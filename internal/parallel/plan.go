@@ -1,0 +1,136 @@
+package parallel
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/titan-go/titan/internal/model"
+	"github.com/titan-go/titan/internal/parallel/pipeline"
+)
+
+// PipelinePlan is a resolved pipeline layout: every stage's part of the
+// model, the schedule and the rows of a microbatch. Without pipeline
+// parallelism it is one stage (the whole model) run as one microbatch of
+// the local batch.
+type PipelinePlan struct {
+	Stages         []model.StageSpec
+	Schedule       pipeline.Schedule
+	MicrobatchRows int
+}
+
+// String describes the plan: the schedule, the stages' layers and the
+// microbatches.
+func (p PipelinePlan) String() string {
+	layers := make([]string, len(p.Stages))
+	for i, s := range p.Stages {
+		layers[i] = strconv.Itoa(s.NumLayers)
+	}
+	sc := p.Schedule
+	return fmt.Sprintf("%s on %d ranks: %d stages of %s layers (%d per rank), %d microbatches of %d", sc.Name, sc.PP, len(p.Stages), strings.Join(layers, ", "), sc.Virtual, sc.Microbatches, p.MicrobatchRows)
+}
+
+// PipelineSettings are the recipe's pipeline-parallel keys
+// (parallelism.pipeline_parallel_*).
+type PipelineSettings struct {
+	Degree         int
+	Schedule       string
+	LayersPerStage *int // nil: unset
+	// FirstLessLayers and LastLessLayers count the embedding and the
+	// head as that many layers when the layers are split (torchtitan's
+	// pipeline_parallel_first_stage_less_layers and _last_).
+	FirstLessLayers, LastLessLayers int
+	MicrobatchSize                  int
+}
+
+// PlanPipeline resolves the pipeline layout of a model of numLayers
+// layers for local batches of localBatch rows. As torchtitan does, the
+// stages per rank come from LayersPerStage when set (the stages are then
+// ceil((layers + first + last) / LayersPerStage)) and are otherwise 1
+// for the single-stage schedules (GPipe, 1F1B) and 2 for the others;
+// the layers are dealt out as if the embedding were FirstLessLayers
+// layers and the head LastLessLayers layers, so the first and last
+// stages get that many fewer.
+func PlanPipeline(numLayers, localBatch int, p PipelineSettings) (PipelinePlan, error) {
+	whole := model.StageSpec{FirstLayer: 0, NumLayers: numLayers, Embedding: true, Head: true}
+	if p.Degree <= 1 {
+		s, err := pipeline.Build("1F1B", 1, 1, 1)
+		if err != nil {
+			return PipelinePlan{}, err
+		}
+		return PipelinePlan{Stages: []model.StageSpec{whole}, Schedule: s, MicrobatchRows: localBatch}, nil
+	}
+	pp := p.Degree
+	name, err := pipeline.Canonical(p.Schedule)
+	if err != nil {
+		return PipelinePlan{}, fmt.Errorf("parallelism.pipeline_parallel_schedule: %w", err)
+	}
+	in, out := p.FirstLessLayers, p.LastLessLayers
+	if in < 0 || out < 0 {
+		return PipelinePlan{}, fmt.Errorf("parallelism.pipeline_parallel_first_stage_less_layers %d and _last_stage_less_layers %d must be >= 0", in, out)
+	}
+	effective := numLayers + in + out
+	var S int
+	if lps := p.LayersPerStage; lps != nil {
+		if *lps < 1 {
+			return PipelinePlan{}, fmt.Errorf("parallelism.pipeline_parallel_layers_per_stage %d must be >= 1", *lps)
+		}
+		S = (effective + *lps - 1) / *lps
+		if S%pp != 0 {
+			return PipelinePlan{}, fmt.Errorf("parallelism.pipeline_parallel_layers_per_stage %d gives %d stages for %d layers (+%d +%d for the embedding and the head), not divisible by pipeline_parallel_degree %d", *lps, S, numLayers, in, out, pp)
+		}
+	} else if name == "GPipe" || name == "1F1B" {
+		S = pp
+	} else {
+		S = 2 * pp
+	}
+	if name == "GPipe" || name == "1F1B" {
+		if S != pp {
+			return PipelinePlan{}, fmt.Errorf("parallelism: %s runs one stage per rank, but pipeline_parallel_layers_per_stage gives %d stages for pipeline_parallel_degree %d", name, S, pp)
+		}
+	}
+	counts, err := splitLayers(numLayers, S, in, out)
+	if err != nil {
+		return PipelinePlan{}, err
+	}
+	mbs, B := p.MicrobatchSize, localBatch
+	if mbs < 1 || B%mbs != 0 {
+		return PipelinePlan{}, fmt.Errorf("parallelism.pipeline_parallel_microbatch_size %d does not divide training.local_batch_size %d", mbs, B)
+	}
+	sched, err := pipeline.Build(name, pp, S/pp, B/mbs)
+	if err != nil {
+		return PipelinePlan{}, fmt.Errorf("parallelism: %w (local batch %d in microbatches of %d)", err, B, mbs)
+	}
+	specs := make([]model.StageSpec, S)
+	first := 0
+	for s, n := range counts {
+		specs[s] = model.StageSpec{FirstLayer: first, NumLayers: n, Embedding: s == 0, Head: s == S-1}
+		first += n
+	}
+	return PipelinePlan{Stages: specs, Schedule: sched, MicrobatchRows: mbs}, nil
+}
+
+// splitLayers deals numLayers layers out to S stages as evenly as
+// possible when the embedding counts as in layers on the first stage and
+// the head as out layers on the last.
+func splitLayers(numLayers, S, in, out int) ([]int, error) {
+	effective := numLayers + in + out
+	per, extra := effective/S, effective%S
+	counts := make([]int, S)
+	for s := range counts {
+		counts[s] = per
+		if s < extra {
+			counts[s]++
+		}
+	}
+	counts[0] -= in
+	counts[S-1] -= out
+	// The first and last stages may hold only the embedding or the head;
+	// the stages between get at least one layer.
+	for s, n := range counts {
+		if n < 0 || (n == 0 && s != 0 && s != S-1) {
+			return nil, fmt.Errorf("parallelism: %d layers cannot fill %d pipeline stages with the embedding counted as %d layers (pipeline_parallel_first_stage_less_layers) and the head as %d (pipeline_parallel_last_stage_less_layers): stage %d would get %d", numLayers, S, in, out, s, n)
+		}
+	}
+	return counts, nil
+}

@@ -1,0 +1,82 @@
+package parallel
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestSplitLayers checks the layer split against torchtitan's rule
+// (generate_llm_fqn_per_model_part): the layers plus first+last
+// "layer-equivalents" dealt out evenly, the remainder to the first
+// stages, then the weights taken off the first and the last stage.
+func TestSplitLayers(t *testing.T) {
+	for _, c := range []struct {
+		layers, stages, in, out int
+		want                    []int
+	}{
+		{8, 2, 1, 1, []int{4, 4}},
+		{8, 4, 1, 1, []int{2, 3, 2, 1}}, // 10 = 3+3+2+2
+		{8, 4, 0, 0, []int{2, 2, 2, 2}},
+		{4, 4, 1, 1, []int{1, 2, 1, 0}},  // the last stage holds only the head
+		{16, 4, 2, 0, []int{3, 5, 4, 4}}, // 18 = 5+5+4+4
+		{32, 8, 1, 1, []int{4, 5, 4, 4, 4, 4, 4, 3}},
+	} {
+		got, err := splitLayers(c.layers, c.stages, c.in, c.out)
+		if err != nil || !slices.Equal(got, c.want) {
+			t.Errorf("splitLayers(%d, %d, %d, %d) = %v, %v; want %v", c.layers, c.stages, c.in, c.out, got, err, c.want)
+		}
+		sum := 0
+		for _, n := range got {
+			sum += n
+		}
+		if sum != c.layers {
+			t.Errorf("splitLayers(%d, %d, %d, %d) = %v: %d layers", c.layers, c.stages, c.in, c.out, got, sum)
+		}
+	}
+	if _, err := splitLayers(2, 4, 2, 0); err == nil || !strings.Contains(err.Error(), "pipeline_parallel_first_stage_less_layers") {
+		t.Errorf("2 layers in 4 stages, the embedding as 2: %v, want an error naming the keys", err)
+	}
+}
+
+// TestPlanPipeline checks the stage count and the stage specs.
+func TestPlanPipeline(t *testing.T) {
+	four := 4
+	for _, c := range []struct {
+		name string
+		s    PipelineSettings
+		want []int // layers per stage
+		err  string
+	}{
+		{"one stage", PipelineSettings{Degree: 1}, []int{8}, ""},
+		{"1F1B", PipelineSettings{Degree: 2, Schedule: "1F1B", FirstLessLayers: 1, LastLessLayers: 1, MicrobatchSize: 1}, []int{4, 4}, ""},
+		{"ZBV", PipelineSettings{Degree: 2, Schedule: "ZBVZeroBubble", FirstLessLayers: 1, LastLessLayers: 1, MicrobatchSize: 1}, []int{2, 3, 2, 1}, ""},
+		{"layers per stage", PipelineSettings{Degree: 2, Schedule: "Interleaved1F1B", LayersPerStage: &four, MicrobatchSize: 1}, nil, "virtual >= 2"},
+		{"bad microbatch", PipelineSettings{Degree: 2, Schedule: "1F1B", MicrobatchSize: 3}, nil, "pipeline_parallel_microbatch_size"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p, err := PlanPipeline(8, 4, c.s)
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("got %v (plan %+v), want an error containing %q", err, p.Stages, c.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []int
+			first := 0
+			for i, s := range p.Stages {
+				got = append(got, s.NumLayers)
+				if s.FirstLayer != first || s.Embedding != (i == 0) || s.Head != (i == len(p.Stages)-1) {
+					t.Errorf("stage %d: %+v", i, s)
+				}
+				first += s.NumLayers
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("layers per stage %v, want %v", got, c.want)
+			}
+		})
+	}
+}
