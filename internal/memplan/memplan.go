@@ -8,9 +8,11 @@
 // two AdamW moments (sharded over dp_shard, tp and the pipeline stages),
 // the transient FSDP unit buffers, the activations that the activation
 // checkpointing policy keeps, and the communication buffers of the
-// parallel dimensions. It follows the plan of internal/model/llama (which
-// activations a layer keeps, how the logits are chunked) but does not call
-// it, so it also covers layouts the model is not built for here.
+// parallel dimensions. The activations are those internal/model/llama
+// plans (llama.ActivationBytesFor: pure arithmetic, nothing of that size
+// is allocated), so the estimate and the model cannot drift apart; a
+// layout the model cannot be built for (tp not dividing the heads, cp not
+// dividing the sequence) is an error.
 package memplan
 
 import (
@@ -25,10 +27,6 @@ import (
 // bytesPerFloat is the size of one stored element: titan keeps
 // parameters, gradients, moments and activations in float32.
 const bytesPerFloat = 4
-
-// logitBudget is the most logits elements one rank materialises at once:
-// the model chunks the vocabulary to keep them under 64 MiB.
-const logitBudget = 16 << 20
 
 // Degrees are the sizes of the parallel dimensions of a job's mesh.
 type Degrees struct {
@@ -125,6 +123,9 @@ func (p *Plan) normalize() error {
 	if p.Model.NLayers < 1 || p.Model.Dim < 1 || p.Model.NHeads < 1 {
 		return fmt.Errorf("memplan: model shape dim %d, n_layers %d, n_heads %d is not valid", p.Model.Dim, p.Model.NLayers, p.Model.NHeads)
 	}
+	if p.SeqLen > p.Model.MaxSeqLen {
+		return fmt.Errorf("memplan: training.seq_len %d exceeds the model's max_seq_len %d", p.SeqLen, p.Model.MaxSeqLen)
+	}
 	if _, err := p.Checkpoint.every(); err != nil {
 		return err
 	}
@@ -166,8 +167,9 @@ type Report struct {
 	// recomputation scratch, the logits chunk and the activation
 	// gradients, for every microbatch in flight.
 	Activations int64
-	// Comm are the communication buffers of tensor, context and pipeline
-	// parallelism.
+	// Comm are the host communication buffers of tensor, context and
+	// pipeline parallelism (those in the model's own buffers are part of
+	// Activations).
 	Comm int64
 }
 
@@ -290,78 +292,85 @@ func Estimate(plan Plan) (Report, error) {
 }
 
 // activations returns the activation and communication bytes of one rank
-// of plan whose stage holds the given number of layers.
+// of plan whose stage holds the given number of layers. The activations
+// are what the model plans for it (llama.ActivationBytesFor, the same
+// arithmetic that lays out the model's buffers), once per microbatch in
+// flight, since a pipeline stage builds one model per microbatch; under
+// pipeline parallelism the busier of the first stage (the embedding and
+// pp microbatches in flight, 1F1B) and the last (the head, one in flight).
+// The communication buffers are the host staging buffers outside them.
 func activations(plan Plan, layers int64) (act, comm int64, err error) {
 	c := plan.Model
 	d := plan.Degrees
-	D, F, V := int64(c.Dim), int64(c.FFNHidden()), int64(c.VocabSize)
-	Q, KV, NH := int64(c.NHeads*c.HeadDim()), int64(c.KVHeads()*c.HeadDim()), int64(c.NHeads)
-	tp := int64(d.TP)
-	rows := int64(plan.Batch)
+	rows := plan.Batch
 	inFlight := int64(1)
 	if d.PP > 1 {
 		if plan.MicrobatchRows > 0 {
-			rows = int64(min(plan.MicrobatchRows, plan.Batch))
+			rows = min(plan.MicrobatchRows, plan.Batch)
 		}
 		// 1F1B: the first stage holds up to pp microbatches' activations
 		// before its first backward.
-		inFlight = min(int64(d.PP), ceilDiv(int64(plan.Batch), rows))
+		inFlight = min(int64(d.PP), ceilDiv(int64(plan.Batch), int64(rows)))
 	}
-	// Tokens of one microbatch on this rank: context parallel splits the
-	// sequence.
-	BT := ceilDiv(rows*int64(plan.SeqLen), int64(d.CP))
-	// Per token of one layer, in floats: tensor parallel splits heads and
-	// the FFN width; sequence parallel splits the rows of the D-wide and
-	// norm tensors over the tp ranks, which is the same share per rank.
-	Ds, one := ceilDiv(D, tp), 1.0/float64(tp)
-	cheap := float64(Ds) + one + float64(Ds) + one + float64(ceilDiv(F, tp))
-	heavy := float64(2*ceilDiv(Q, tp)+2*ceilDiv(KV, tp)+ceilDiv(NH, tp)) + float64(Ds) + float64(2*ceilDiv(F, tp))
-	every, err := plan.Checkpoint.every()
-	if err != nil {
-		return 0, 0, err
+	lp := llama.Plan{TP: d.TP, CP: d.CP, Checkpoint: llama.ActivationCheckpoint{Mode: plan.Checkpoint.Mode, SelectiveOption: plan.Checkpoint.Option}}
+	if d.TP*d.CP > 1 {
+		lp.Comm = planOnly{}
 	}
-	var kept float64 // floats per token of the kept layer activations
-	var scratch float64
-	switch {
-	case every == 0:
-		kept = float64(layers) * (cheap + heavy)
-	case every == -1:
-		kept = float64(layers) * heavy
-		scratch = cheap
-	default:
-		recomputed := layers / int64(every)
-		kept = float64(layers-recomputed) * (cheap + heavy)
-		if recomputed > 0 {
-			scratch = cheap + heavy
+	model := func(stage *llama.StageSpec) (int64, error) {
+		lp.Stage = stage
+		n, err := llama.ActivationBytesFor(c, rows, plan.SeqLen, lp)
+		if err != nil {
+			return 0, fmt.Errorf("memplan: %w", err)
 		}
+		return n, nil
 	}
-	perMB := kept*float64(BT) + float64((layers+1)*BT*Ds)
-	// The head: final norm output and 1/rms, the logits chunk (at most
-	// logitBudget elements), cross-entropy state and per-token losses.
-	vocab := ceilDiv(V, tp)
-	chunk := max(1, min(vocab, logitBudget/BT))
-	if vocab*BT <= logitBudget {
-		chunk = vocab
+	if d.PP == 1 {
+		if act, err = model(nil); err != nil {
+			return 0, 0, err
+		}
+	} else {
+		n := int(layers)
+		first, err := model(&llama.StageSpec{FirstLayer: 0, NumLayers: n, Embedding: true})
+		if err != nil {
+			return 0, 0, err
+		}
+		last, err := model(&llama.StageSpec{FirstLayer: c.NLayers - n, NumLayers: n, Head: true})
+		if err != nil {
+			return 0, 0, err
+		}
+		act = max(inFlight*first, last)
 	}
-	head := BT*Ds + BT + BT*chunk + 3*BT + BT
-	// Activation gradients, reused layer after layer: residual and
-	// normalised input, q, k, v and their pre-RoPE copies, attention, and
-	// the three FFN tensors.
-	grads := 2*BT*Ds + 3*BT*ceilDiv(Q, tp) + 3*BT*ceilDiv(KV, tp) + 3*BT*ceilDiv(F, tp)
-	floats := float64(inFlight)*perMB + scratch*float64(BT) + float64(head+grads)
-	act = int64(floats) * bytesPerFloat
-	// Communication: sequence parallel gathers a layer input of the whole
-	// (cp-local) sequence and scatters its output back; context parallel
-	// rotates key/value shards (send and receive, k and v); pipeline
-	// stages send and receive one activation per microbatch in flight.
+	// Communication, in host memory beside the model's buffers: sequence
+	// parallel stages a layer input of the whole (cp-local) sequence and
+	// this rank's rows for its all-gather and reduce-scatter (per model);
+	// ring attention's backward rotates key/value shards and their
+	// gradients (two buffers each of k and v), its forward the key/value
+	// shards beside the merged output; pipeline stages send and receive
+	// one activation per microbatch.
+	D := int64(c.Dim)
+	tp, cp := int64(d.TP), int64(d.CP)
+	N := int64(rows) * int64(plan.SeqLen) / cp
+	nkvd, nq, nh := int64(c.KVHeads()*c.HeadDim())/tp, int64(c.NHeads*c.HeadDim())/tp, int64(c.NHeads)/tp
 	if tp > 1 {
-		comm += 2 * BT * D * bytesPerFloat
+		comm += inFlight * (N*D + N/tp*D) * bytesPerFloat
 	}
-	if d.CP > 1 {
-		comm += 2 * 2 * BT * ceilDiv(KV, tp) * bytesPerFloat
+	if cp > 1 {
+		comm += max(8*N*nkvd, 4*N*nkvd+N*nq+N*nh) * bytesPerFloat
 	}
 	if d.PP > 1 {
-		comm += 2 * BT * Ds * bytesPerFloat
+		comm += 2 * N / tp * D * bytesPerFloat
 	}
 	return act, comm, nil
 }
+
+// planOnly stands in for the peers of a tensor- or context-parallel
+// model whose activations are only planned: llama.ActivationBytesFor
+// wants a ParallelComm for tp × cp > 1 but never calls it.
+type planOnly struct{}
+
+var errPlanOnly = fmt.Errorf("memplan: planning only, no communication")
+
+func (planOnly) AllGatherSeq(send, recv []float32) error     { return errPlanOnly }
+func (planOnly) ReduceScatterSeq(send, recv []float32) error { return errPlanOnly }
+func (planOnly) AllReduceTP(x []float32, max bool) error     { return errPlanOnly }
+func (planOnly) RingShift(send, recv []float32) error        { return errPlanOnly }

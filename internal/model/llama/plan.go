@@ -135,7 +135,7 @@ func (c Config) LocalLayout(tp int, s StageSpec) []ShardParam {
 
 // holds reports whether the stage holds parameter i of c's layout.
 func (s StageSpec) holds(c Config, i int) bool {
-	n := len(c.Layout())
+	n := numParams(c)
 	switch {
 	case i == 0:
 		return s.Embedding
@@ -148,6 +148,10 @@ func (s StageSpec) holds(c Config, i int) bool {
 
 // paramsPerLayer is the number of tensors of one transformer block.
 const paramsPerLayer = 9
+
+// numParams is len(c.Layout()) without building the layout: the
+// embedding, every block's tensors, the final norm and the output.
+func numParams(c Config) int { return 1 + paramsPerLayer*c.NLayers + 2 }
 
 // Range returns the elements [lo, hi) of full's flat layout that the
 // stage's parameters occupy: a contiguous range, since the layout orders
