@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"math"
 	"net"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/titan-go/titan/internal/modelfile"
+	"github.com/titan-go/titan/internal/testenv"
 )
 
 // TestDataParallelMatchesOneProcess: 2 workers with 2 sequences each train
@@ -93,13 +95,10 @@ func TestBenchCommJSON(t *testing.T) {
 // cluster of scripts/slurm/setup-single-host.sh trains like one process
 // with the same global batch, with no launcher flags.
 func TestSlurmTrain(t *testing.T) {
-	srun, err := exec.LookPath("srun")
-	if err != nil {
-		t.Skip("srun not found: run scripts/slurm/setup-single-host.sh as root to set up a one-host Slurm cluster")
-	}
-	if st, err := exec.Command("sinfo", "-h", "-o", "%T").Output(); err != nil || !strings.Contains(string(st), "idle") {
-		t.Skipf("no idle Slurm node (sinfo: %q, %v): run scripts/slurm/setup-single-host.sh", st, err)
-	}
+	const setup = "run scripts/slurm/setup-single-host.sh as root to set up a one-host Slurm cluster"
+	srun := testenv.Tool(t, "srun", setup)
+	st, err := exec.Command("sinfo", "-h", "-o", "%T").Output()
+	testenv.Require(t, fmt.Sprintf("an idle Slurm node (sinfo: %q, %v; %s)", st, err, setup), err == nil && strings.Contains(string(st), "idle"))
 	data := corpus(t)
 	one, four := t.TempDir(), t.TempDir()
 	if out, err := titan(t, append(tinyRun(one, data, 4), "--set", "training.local_batch_size=4")...); err != nil {

@@ -4,9 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/titan-go/titan/internal/testenv"
 	"math"
 	"math/rand/v2"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -15,7 +15,7 @@ import (
 	"github.com/titan-go/titan/internal/backend/cpu"
 )
 
-const python = "/usr/bin/python3"
+const python = testenv.Python
 
 // case of the optimizer tests: hyperparameters and a few steps of
 // gradients with their clipping scales.
@@ -90,18 +90,6 @@ st = opt.state[p]
 json.dump({"P": p.detach().tolist(), "M": st["exp_avg"].tolist(), "V": st["exp_avg_sq"].tolist()}, sys.stdout)
 `
 
-// haveTorch reports whether python3 imports torch; in CI (CI=true) a
-// missing torch fails the test instead of skipping it.
-func haveTorch(t *testing.T) {
-	t.Helper()
-	if err := exec.Command(python, "-c", "import torch").Run(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI=true but %s cannot import torch (%v): install python3-torch", python, err)
-		}
-		t.Skipf("%s cannot import torch (%v)", python, err)
-	}
-}
-
 func runTorch(t *testing.T, c optCase) state {
 	t.Helper()
 	in, _ := json.Marshal(c)
@@ -158,7 +146,7 @@ func compare(t *testing.T, what string, got, want state, rel float64) {
 // decay), with every implementation, follow torch.optim.Adam and
 // torch.optim.AdamW within 1e-6 relative over a few clipped steps.
 func TestMatchesPyTorch(t *testing.T) {
-	haveTorch(t)
+	testenv.Torch(t)
 	for _, name := range Names {
 		for _, wd := range []float32{0, 0.1} {
 			// 77 elements: vector blocks and a scalar tail.
