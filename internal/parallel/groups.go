@@ -2,9 +2,11 @@
 // mesh and drives it: Groups builds every communication group of the
 // mesh once, and an Engine is what the trainer runs — one train step, one
 // evaluation, one gradient norm, one state save and load path — whatever
-// the layout. The parallelisms themselves live in the subpackages: fsdp
-// (FSDP, HSDP, DDP by unit hooks), tp (the tensor- and context-parallel
-// collectives the model calls) and pipeline (schedules).
+// the layout, for any model family (internal/model). PlanPipeline
+// resolves the recipe's pipeline keys into stages and a schedule once.
+// The parallelisms themselves live in the subpackages: fsdp (FSDP, HSDP,
+// DDP by unit hooks), tp (the tensor- and context-parallel collectives
+// the model calls) and pipeline (schedules and their executor).
 package parallel
 
 import (

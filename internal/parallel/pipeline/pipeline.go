@@ -5,9 +5,10 @@
 // schedule respects the data dependencies between stages, simulates it
 // under a simple cost model, and renders the result as a text Gantt chart.
 //
-// The package holds no model or communication code. Point-to-point
+// The schedules are data; the Executor runs one rank's list on its
+// stages (any model's, through the Stage interface). Point-to-point
 // transfers are implicit: whenever an action depends on an action of a
-// stage placed on another rank, the executor must send the activation (for
+// stage placed on another rank, the executor sends the activation (for
 // forwards) or the input gradient (for backwards) between the two ranks.
 //
 // # Model

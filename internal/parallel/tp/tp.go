@@ -1,5 +1,5 @@
 // Package tp connects the tensor- and context-parallel model
-// (llama.Sharded) to its peers: Comm implements llama.ParallelComm with
+// (a llama.Model with tp or cp > 1) to its peers: Comm implements llama.ParallelComm with
 // comm groups on the mesh's "tp" and "cp" dimensions.
 package tp
 
