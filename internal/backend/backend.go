@@ -71,6 +71,21 @@ type Tensor struct {
 // DType returns the element type of the underlying memory.
 func (t Tensor) DType() DType { return t.Mem.DType }
 
+// HostFloat32 returns t's elements when they are float32 host memory, so
+// that host-side code (collectives, optimizers) can work on them in
+// place; ok is false for device memory, which must be staged with
+// Download and Upload instead.
+func (t Tensor) HostFloat32() (h []float32, ok bool) {
+	if t.Mem == nil {
+		return nil, t.Len == 0
+	}
+	all, ok := t.Mem.Host.([]float32)
+	if !ok {
+		return nil, false
+	}
+	return all[t.Off : t.Off+t.Len], true
+}
+
 // Slice returns the view of n elements starting at element off of t.
 func (t Tensor) Slice(off, n int) Tensor {
 	if off < 0 || n < 0 || off+n > t.Len {

@@ -132,9 +132,9 @@ func (o *Optimizer) Update(params, grads backend.Tensor, lr, gradScale float32) 
 	if o.gwd.Len != params.Len {
 		o.gwd = o.be.Alloc(backend.Float32, params.Len)
 	}
-	dst, ok1 := hostFloats(o.gwd)
-	gs, ok2 := hostFloats(grads)
-	ps, ok3 := hostFloats(params)
+	dst, ok1 := o.gwd.HostFloat32()
+	gs, ok2 := grads.HostFloat32()
+	ps, ok3 := params.HostFloat32()
 	if ok1 && ok2 && ok3 {
 		for i := range dst {
 			dst[i] = l2Grad(gs[i]*gradScale, c.WeightDecay, ps[i])
@@ -157,17 +157,6 @@ func l2Grad(g, wd, p float32) float32 {
 	return float32(math.FMA(float64(wd), float64(p), float64(g)))
 }
 
-// hostFloats returns t's elements when they live in host memory.
-func hostFloats(t backend.Tensor) ([]float32, bool) {
-	if t.Mem == nil {
-		return nil, t.Len == 0
-	}
-	h, ok := t.Mem.Host.([]float32)
-	if !ok {
-		return nil, false
-	}
-	return h[t.Off : t.Off+t.Len], true
-}
 
 // forLoop is the for-loop implementation: torch's single-tensor Adam(W)
 // arithmetic, one element at a time, in plain Go. Device tensors are
@@ -177,7 +166,7 @@ func (o *Optimizer) forLoop(params, grads backend.Tensor, lr, gradScale float32)
 	host := make([][]float32, len(bufs))
 	copied := make([]bool, len(bufs))
 	for i, t := range bufs {
-		if h, ok := hostFloats(t); ok {
+		if h, ok := t.HostFloat32(); ok {
 			host[i] = h
 			continue
 		}

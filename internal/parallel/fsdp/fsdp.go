@@ -231,7 +231,7 @@ func New(be backend.Backend, units []Range, bind Binder, c Config) (*Runtime, er
 	}
 	r.Params = be.Alloc(backend.Float32, lay.Len)
 	r.Grads = be.Alloc(backend.Float32, lay.Len)
-	if _, ok := r.Params.Mem.Host.([]float32); !ok {
+	if _, ok := r.Params.HostFloat32(); !ok {
 		return nil, fmt.Errorf("fsdp: the backend's memory is not host memory; sharded data parallelism needs host buffers")
 	}
 	r.pbuf, r.pwork, r.gbuf = make([]backend.Tensor, n), make([]*comm.Work, n), make([]backend.Tensor, n)
@@ -253,7 +253,8 @@ func New(be backend.Backend, units []Range, bind Binder, c Config) (*Runtime, er
 
 // host returns the float32 elements of a host tensor.
 func host(t backend.Tensor) []float32 {
-	return t.Mem.Host.([]float32)[t.Off : t.Off+t.Len]
+	h, _ := t.HostFloat32() // New checked the backend's memory
+	return h
 }
 
 // whole is the pool buffer a unit's view was cut from.
