@@ -277,6 +277,15 @@ func TestMultiProcessHangNamesRank(t *testing.T) {
 // scenarioKill: the last rank kills itself (SIGKILL) instead of entering
 // the second allreduce. The others must fail quickly, naming it, well
 // before the (long) timeout.
+//
+// The victim dies only once every survivor has finished the first
+// allreduce, as the survivors tell it through the store. An allreduce
+// returning on one rank does not mean it has finished on the others: the
+// victim's last chunks may still be in flight to a survivor when the
+// victim's own allreduce returns, and a survivor that sees the victim's
+// control connection close then fails allreduce #1 (rightly, naming the
+// dead rank). Without this handshake the test would sometimes kill the
+// victim during the first allreduce rather than before the second.
 func scenarioKill(ctx context.Context, e childEnv) error {
 	opts := testOpts(e.transport)
 	opts.Timeout = 60 * time.Second
@@ -290,9 +299,20 @@ func scenarioKill(ctx context.Context, e childEnv) error {
 		return err
 	}
 	victim := e.size - 1
+	doneKey := func(r int) string { return fmt.Sprintf("kill/allreduce1-done/%d", r) }
 	if e.rank == victim {
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		for r := range victim {
+			if _, err := e.store.Get(wctx, doneKey(r)); err != nil {
+				return fmt.Errorf("waiting for rank %d to finish allreduce #1: %w", r, err)
+			}
+		}
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {}
+	}
+	if err := e.store.Set(ctx, doneKey(e.rank), nil); err != nil {
+		return err
 	}
 	start := time.Now()
 	err = g.AllReduce(ctx, F32(x), Sum)
@@ -301,6 +321,9 @@ func scenarioKill(ctx context.Context, e childEnv) error {
 	var ce *Error
 	if !errors.As(err, &ce) || ce.Timeout {
 		return fmt.Errorf("allreduce with a dead peer: %v, want a non-timeout *Error", err)
+	}
+	if ce.Op != "allreduce" || ce.Seq != 2 {
+		return fmt.Errorf("error is about %s #%d, want allreduce #2: %v", ce.Op, ce.Seq, err)
 	}
 	if !strings.Contains(err.Error(), fmt.Sprintf("rank %d died", victim)) {
 		return fmt.Errorf("error does not say rank %d died: %v", victim, err)

@@ -254,7 +254,9 @@ type group struct {
 
 	brokenOnce sync.Once
 	brokenErr  error
-	brokenCh   chan struct{}
+	brokenCh   chan struct{} // closed when the group is aborted
+	abortDone  chan struct{} // closed once abort has told the peers
+	told       atomic.Bool   // abort sent the peers msgAbort
 	closing    atomic.Bool
 
 	scratch [][][]byte // TCP reduction segments, per peer
@@ -507,6 +509,13 @@ func (g *group) execute(r *request) {
 		g.abort(fmt.Errorf("%s #%d cancelled before it started: %w", r.kind, r.seq, cerr))
 	}
 	if g.isBroken() {
+		// Another goroutine (a monitor, a context) aborted the group and
+		// may still be telling the peers why. Do not return before it has:
+		// a caller that closes the group or exits on this error would
+		// otherwise close the control connections first, and the peers
+		// would see this rank vanish without notice and report it dead
+		// instead of naming the rank that failed.
+		<-g.abortDone
 		err = g.wrap(r, &abortedErr{g.brokenErr})
 	} else {
 		g.hub.flight.start(r.rec)
@@ -607,11 +616,13 @@ func (g *group) opError(r *request, err error) error {
 // connections so that blocked operations return.
 func (g *group) abort(err error) {
 	g.brokenOnce.Do(func() {
+		defer close(g.abortDone)
 		g.brokenErr = err
 		close(g.brokenCh)
 		if g.closing.Load() {
 			return
 		}
+		g.told.Store(true)
 		reason := []byte(err.Error())
 		var wg sync.WaitGroup
 		for _, p := range g.peers {
@@ -640,6 +651,16 @@ func (g *group) monitor(p *peer) {
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) || g.closing.Load() {
 				// This rank closed the connection (Close or abort).
+				return
+			}
+			if g.isBroken() {
+				// This rank aborted the group and told p, which closes its
+				// end in response; before this rank's abort got round to
+				// closing the connection, that reads as a plain EOF. It is
+				// no death: p did as told (and the group already failed,
+				// with the cause that matters). Taking it for one would
+				// blame p, in the error of the operation that was running,
+				// for the failure of another rank.
 				return
 			}
 			info := g.hub.info(p.world)
@@ -690,6 +711,15 @@ func (g *group) Close() error {
 	g.p2pWG.Wait()
 
 	g.closing.Store(true)
+	if g.isBroken() {
+		// An abort that began before closing was set is telling the peers
+		// why; let it finish before closing the connections it writes to.
+		// One that begins after returns at once without telling them, and
+		// the peers are told goodbye instead, so that none of them takes
+		// this rank's closed connections for its death.
+		<-g.abortDone
+	}
+	bye := !g.told.Load()
 	var wg sync.WaitGroup
 	for _, p := range g.peers {
 		if p == nil {
@@ -698,7 +728,7 @@ func (g *group) Close() error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if !g.isBroken() && p.state.Load() == peerAlive {
+			if bye && p.state.Load() == peerAlive {
 				p.sendCtrl(msgBye, nil)
 			}
 			p.closeConns()

@@ -283,12 +283,13 @@ func (h *hub) newGroup(ctx context.Context, key, name string, world []int, opts 
 	g := &group{
 		hub: h, key: key, name: name, rank: me, size: n, world: world,
 		opts: opts, transport: transport,
-		peers:    make([]*peer, n),
-		segBytes: max(opts.SegmentBytes&^7, 64),
-		gens:     make(map[string]int),
-		queue:    make(chan *request, 1024),
-		brokenCh: make(chan struct{}),
-		scratch:  make([][][]byte, n),
+		peers:     make([]*peer, n),
+		segBytes:  max(opts.SegmentBytes&^7, 64),
+		gens:      make(map[string]int),
+		queue:     make(chan *request, 1024),
+		brokenCh:  make(chan struct{}),
+		abortDone: make(chan struct{}),
+		scratch:   make([][][]byte, n),
 	}
 	kinds := []int{connCtrl, connP2P}
 	if transport == "tcp" {
