@@ -227,7 +227,7 @@ func (l *launcher) run(ctx context.Context) error {
 	// this goroutine on one thread, which lives as long as Launch runs.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	base := hostPeakEnv(os.Environ(), cpu.MeasureHostPeak)
+	base := hostPeakEnv(os.Environ(), cpu.HostPeakFLOPS)
 	for lr := range spec.NProcPerNode {
 		rank := spec.NodeRank*spec.NProcPerNode + lr
 		c := &child{rank: rank, localRank: lr}

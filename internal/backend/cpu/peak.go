@@ -3,8 +3,10 @@ package cpu
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -72,10 +74,13 @@ var host struct {
 // HostPeakFLOPS is the float32 GEMM peak of this whole host, the
 // reference for MFU whatever the layout: the value of EnvHostPeakFLOPS
 // when it is set (by the launcher, which measures once before starting
-// its workers) and valid, else PeakFLOPS measured once with
-// runtime.NumCPU() threads (a single process; it should run before the
-// process starts other work). The result is cached. MFU is then model
-// FLOPs × tokens/s ÷ (HostPeakFLOPS × number of hosts).
+// its workers) and valid, else the larger of PeakFLOPS measured now with
+// runtime.NumCPU() threads and the largest peak measured on this host
+// before (see peakCache). A measurement taken while other work runs is
+// low, and a peak only errs low, so the largest one seen is the best
+// estimate: it keeps MFU the same quantity from run to run. The result is
+// cached for the process. MFU is then model FLOPs × tokens/s ÷
+// (HostPeakFLOPS × number of hosts).
 func HostPeakFLOPS() float64 {
 	host.once.Do(func() {
 		if v, err := ParseHostPeak(os.Getenv(EnvHostPeakFLOPS)); err == nil && v > 0 {
@@ -83,8 +88,46 @@ func HostPeakFLOPS() float64 {
 			return
 		}
 		host.flops = MeasureHostPeak()
+		if path, err := peakCache(); err == nil {
+			host.flops = rememberPeak(path, host.flops)
+		}
 	})
 	return host.flops
+}
+
+// peakCache is the file holding the largest host peak measured so far:
+// <user cache dir>/titan/host-peak-<cores>-<kernel>, one per core count
+// and GEMM kernel.
+func peakCache() (string, error) {
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, "titan", fmt.Sprintf("host-peak-%d-%s", runtime.NumCPU(), gemm.Kernel())), nil
+}
+
+// rememberPeak returns the larger of flops and the peak stored at path,
+// storing flops when it is larger (write to a temporary file, then
+// rename; errors leave the file as it was and are otherwise ignored: the
+// cache only steadies MFU).
+func rememberPeak(path string, flops float64) float64 {
+	if b, err := os.ReadFile(path); err == nil {
+		if old, err := ParseHostPeak(strings.TrimSpace(string(b))); err == nil && old >= flops {
+			return old
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return flops
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".host-peak-*")
+	if err != nil {
+		return flops
+	}
+	_, werr := tmp.WriteString(FormatHostPeak(flops) + "\n")
+	if cerr := tmp.Close(); werr != nil || cerr != nil || os.Rename(tmp.Name(), path) != nil {
+		os.Remove(tmp.Name())
+	}
+	return flops
 }
 
 // MeasureHostPeak measures the GEMM peak with one thread per core, on a
