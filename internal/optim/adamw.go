@@ -157,7 +157,6 @@ func l2Grad(g, wd, p float32) float32 {
 	return float32(math.FMA(float64(wd), float64(p), float64(g)))
 }
 
-
 // forLoop is the for-loop implementation: torch's single-tensor Adam(W)
 // arithmetic, one element at a time, in plain Go. Device tensors are
 // copied to the host and back.
