@@ -150,7 +150,13 @@ func TestShardedParallelismMatchesOneProcess(t *testing.T) {
 			if math.Abs(ratio-1) > 0.1 {
 				t.Errorf("state per worker %.6f GiB, one process %.6f GiB: %.3f × the 1/%d share, want within 10%%", state[1], refState[1], ratio, c.wantStateFraction)
 			}
-			t.Logf("%s: state %.6f GiB per worker vs %.6f GiB on one process (%.4f of it)", c.name, state[1], refState[1], state[1]/refState[1])
+			gathered := metricsColumn(t, dump, "gathered_units")[steps]
+			t.Logf("%s: state %.6f GiB per worker vs %.6f GiB on one process (%.4f of it), %v gathered units at most", c.name, state[1], refState[1], state[1]/refState[1], gathered)
+			// Resharding after each forward, a worker holds the unit it
+			// computes and the one it prefetches; without, every unit.
+			if c.shard > 1 && c.reshard != "never" && gathered > 2 {
+				t.Errorf("%v units gathered at once, want at most 2", gathered)
+			}
 		})
 	}
 }
