@@ -31,6 +31,14 @@ type StageSpec struct {
 	Embedding, Head       bool
 }
 
+// Tensor is one named parameter of a model's flat buffer (one process's
+// layout): elements [Offset, Offset+Size), row-major of Shape.
+type Tensor struct {
+	Name         string
+	Shape        []int
+	Offset, Size int
+}
+
 // Placement is what one rank holds of a model: its place in the tensor-
 // and context-parallel groups and the pipeline stage it computes.
 type Placement struct {
@@ -113,6 +121,15 @@ type Family interface {
 	Name() string
 	// NumLayers is the depth the pipeline splits into stages.
 	NumLayers() int
+	// Tensors are the whole model's parameters in flat-buffer order,
+	// named as checkpoints store them.
+	Tensors() []Tensor
+	// VocabSize and MaxSeqLen bound the token ids and the sequences.
+	VocabSize() int
+	MaxSeqLen() int
+	// FLOPsPerToken is the training FLOPs (forward and backward) per
+	// token of sequences of T tokens, for MFU.
+	FLOPsPerToken(T int) float64
 	// Check reports why the model cannot train sequences of T tokens
 	// with tensor parallel degree tp and context parallel degree cp.
 	Check(T, tp, cp int) error

@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/titan-go/titan/internal/checkpoint"
+	"github.com/titan-go/titan/internal/model"
 	"github.com/titan-go/titan/internal/model/llama"
 	"github.com/titan-go/titan/internal/tokenizer"
 )
@@ -86,14 +87,14 @@ func Blobs(d Description, tokenizerPath string) (map[string][]byte, error) {
 }
 
 // Shards names the parameters of a flat buffer "model/<parameter>".
-func Shards(cfg llama.Config, flat []float32) []checkpoint.Shard {
-	return PrefixedShards("model/", cfg, flat)
+func Shards(tensors []model.Tensor, flat []float32) []checkpoint.Shard {
+	return PrefixedShards("model/", tensors, flat)
 }
 
 // PrefixedShards names the slices of a flat buffer prefix+<parameter>.
-func PrefixedShards(prefix string, cfg llama.Config, flat []float32) []checkpoint.Shard {
+func PrefixedShards(prefix string, tensors []model.Tensor, flat []float32) []checkpoint.Shard {
 	var out []checkpoint.Shard
-	for _, p := range cfg.Layout() {
+	for _, p := range tensors {
 		out = append(out, checkpoint.Shard{Name: prefix + p.Name, Shape: p.Shape, Data: flat[p.Offset : p.Offset+p.Size]})
 	}
 	return out
@@ -122,7 +123,7 @@ func Save(folder string, step int, d Description, params []float32, tokenizerPat
 	if err != nil {
 		return err
 	}
-	return checkpoint.Save(folder, step, Shards(d.Config, params), blobs)
+	return checkpoint.Save(folder, step, Shards(llama.Family{Cfg: d.Config}.Tensors(), params), blobs)
 }
 
 // Model is a model read back from disk.

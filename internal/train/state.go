@@ -50,14 +50,14 @@ func (tr *Trainer) save(modelOnly bool) error {
 	if tr.dist.Rank != 0 {
 		return nil // rank 0 writes the state every replica holds
 	}
-	shards := modelfile.Shards(tr.Cfg, params)
+	shards := modelfile.Shards(tr.fam.Tensors(), params)
 	blobs, err := modelfile.Blobs(modelfile.Description{Name: "llama3", Flavor: tr.Job.Model.Flavor, Config: tr.Cfg}, tr.Job.Model.TokenizerPath)
 	if err != nil {
 		return err
 	}
 	if !modelOnly {
-		shards = append(shards, modelfile.PrefixedShards("optimizer/exp_avg/", tr.Cfg, mv)...)
-		shards = append(shards, modelfile.PrefixedShards("optimizer/exp_avg_sq/", tr.Cfg, vv)...)
+		shards = append(shards, modelfile.PrefixedShards("optimizer/exp_avg/", tr.fam.Tensors(), mv)...)
+		shards = append(shards, modelfile.PrefixedShards("optimizer/exp_avg_sq/", tr.fam.Tensors(), vv)...)
 		ts, _ := json.Marshal(trainState{Step: tr.Step, OptStep: tr.Opt.Step, Seed: tr.seed, Flavor: tr.Job.Model.Flavor, ElapsedS: tr.elapsed})
 		blobs["train_state.json"] = ts
 		ds, err := tr.Data.State()

@@ -20,6 +20,7 @@ import (
 	"github.com/titan-go/titan/internal/memplan"
 	"github.com/titan-go/titan/internal/mesh"
 	"github.com/titan-go/titan/internal/metrics"
+	"github.com/titan-go/titan/internal/model"
 	"github.com/titan-go/titan/internal/model/llama"
 	"github.com/titan-go/titan/internal/optim"
 	"github.com/titan-go/titan/internal/parallel"
@@ -55,8 +56,9 @@ type Trainer struct {
 	// built once.
 	mesh   *mesh.Mesh
 	groups *parallel.Groups
-	// eng is this rank's share of the model, whatever the layout, and
-	// pplan its pipeline plan.
+	// fam is the model family, eng this rank's share of the model
+	// whatever the layout, and pplan its pipeline plan.
+	fam   model.Family
 	eng   parallel.Engine
 	pplan parallel.PipelinePlan
 }
@@ -177,8 +179,8 @@ func New(job *config.Job, dev Device, out io.Writer, dist *Dist) (*Trainer, erro
 	if err != nil {
 		return nil, fmt.Errorf("parallelism: %w", err)
 	}
-	fam := llama.Family{Cfg: cfg, Checkpoint: tr.acPolicy()}
-	if tr.eng, err = parallel.New(be, fam, tr.groups, parallel.Options{
+	tr.fam = llama.Family{Cfg: cfg, Checkpoint: tr.acPolicy()}
+	if tr.eng, err = parallel.New(be, tr.fam, tr.groups, parallel.Options{
 		Pipeline: pplan, T: T, EvalRows: v.LocalBatchSize, EvalT: v.SeqLen, Reshard: reshard,
 	}); err != nil {
 		return nil, err
@@ -313,7 +315,7 @@ func (tr *Trainer) Run(ctx context.Context) error {
 	defer tr.log.Close()
 	B, T := job.Training.LocalBatchSize, job.Training.SeqLen
 	tr.log.Printf("titan: llama3 %s, %s parameters, %d sequences × %d tokens per step (%d microbatches of %d on each of %d ranks), %s per rank, peak %.0f GFLOP/s, activation checkpointing %s (%.1f MiB of activations per rank)",
-		job.Model.Flavor, humanCount(tr.Cfg.NumParams()), tr.accum*B*tr.dataRanks(), T, tr.accum, B, tr.dataRanks(), tr.dev.Name, tr.peakFLOPS/1e9,
+		job.Model.Flavor, humanCount(numParams(tr.fam)), tr.accum*B*tr.dataRanks(), T, tr.accum, B, tr.dataRanks(), tr.dev.Name, tr.peakFLOPS/1e9,
 		tr.acPolicy(), float64(tr.eng.Memory().ActivationBytes)/(1<<20))
 	tr.log.Printf("titan: optimizer %s (%s)", tr.Opt.Name(), tr.Opt.Implementation())
 	if tr.mesh != nil {
@@ -328,7 +330,7 @@ func (tr *Trainer) Run(ctx context.Context) error {
 	for _, w := range memplan.Warnings(job) {
 		tr.log.Printf("titan: warning: %s", w)
 	}
-	watch := memplan.NewLossWatch(tr.Cfg.VocabSize, job.Optimizer.LR)
+	watch := memplan.NewLossWatch(tr.fam.VocabSize(), job.Optimizer.LR)
 	if tr.Step > 0 {
 		tr.log.Printf("titan: resumed from %s at step %d", checkpointDir(tr.ckptFolder, tr.Step), tr.Step)
 	}
@@ -336,7 +338,7 @@ func (tr *Trainer) Run(ctx context.Context) error {
 		tr.log.Printf("titan: already trained %d of %d steps; nothing to do", tr.Step, job.Training.Steps)
 		return nil
 	}
-	flopsPerToken := tr.Cfg.FLOPsPerToken(T)
+	flopsPerToken := tr.fam.FLOPsPerToken(T)
 	logFreq := max(1, job.Metrics.LogFreq)
 	start := time.Now()
 	windowStart, windowTokens := time.Now(), 0
@@ -539,6 +541,12 @@ func (tr *Trainer) Validate(steps int) (float64, error) {
 		sum, n = sum+l, n+k
 	}
 	return sum / float64(max(n, 1)), nil
+}
+
+// numParams is the number of parameters of fam.
+func numParams(fam model.Family) int64 {
+	ts := fam.Tensors()
+	return int64(ts[len(ts)-1].Offset + ts[len(ts)-1].Size)
 }
 
 func humanCount(n int64) string {

@@ -30,6 +30,24 @@ func (f Family) Name() string {
 // NumLayers implements model.Family.
 func (f Family) NumLayers() int { return f.Cfg.NLayers }
 
+// Tensors implements model.Family.
+func (f Family) Tensors() []model.Tensor {
+	var out []model.Tensor
+	for _, p := range f.Cfg.Layout() {
+		out = append(out, model.Tensor{Name: p.Name, Shape: p.Shape, Offset: p.Offset, Size: p.Size})
+	}
+	return out
+}
+
+// VocabSize implements model.Family.
+func (f Family) VocabSize() int { return f.Cfg.VocabSize }
+
+// MaxSeqLen implements model.Family.
+func (f Family) MaxSeqLen() int { return f.Cfg.MaxSeqLen }
+
+// FLOPsPerToken implements model.Family.
+func (f Family) FLOPsPerToken(T int) float64 { return f.Cfg.FLOPsPerToken(T) }
+
 // Check implements model.Family.
 func (f Family) Check(T, tp, cp int) error { return CheckParallel(f.Cfg, T, tp, cp) }
 

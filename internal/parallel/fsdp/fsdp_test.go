@@ -98,7 +98,7 @@ func TestReadRangeReshards(t *testing.T) {
 	full := make([]float32, cfg.NumParams())
 	llama.InitParams(cfg, 7, full, 0)
 	folder := t.TempDir()
-	if err := checkpoint.Save(folder, 1, modelfile.PrefixedShards("model/", cfg, full), nil); err != nil {
+	if err := checkpoint.Save(folder, 1, modelfile.PrefixedShards("model/", llama.Family{Cfg: cfg}.Tensors(), full), nil); err != nil {
 		t.Fatal(err)
 	}
 	r, err := checkpoint.Open(checkpoint.StepDir(folder, 1))
