@@ -159,29 +159,44 @@ func (m *Model) layerBackward(l int) {
 	be.LayerNormBackward(m.dres, g.Norm1W, g.Norm1B, m.dN, m.resid[l], p.Norm1W, a.mean1, a.rstd1, N, D)
 }
 
-// filterForward computes the layer's long filters for length T into
-// a.hT [Order-1, D, T]: the MLP of the first T rows of the positional
-// features, then for each convolution o its channels d·(Order-1)+o of
-// the last linear layer (rows of its weight Order-1 apart), modulated and
-// transposed to channel-major.
-func (m *Model) filterForward(a *layerActs, p *LayerParams) {
-	cfg, be := m.Cfg, m.be
-	T, D, F, E, O := m.T, cfg.DModel, cfg.FilterOrder, cfg.EmbDim, cfg.Order-1
+// filterBufs are the buffers one computation of a layer's filters for
+// length T uses: the MLP's pre-activations fa[i] and Sin outputs fs[i]
+// [T, F], one convolution's filter before transposing hraw [T, D], the
+// modulation mod [Order-1, T, D] (unused without Modulate) and the
+// result hT [Order-1, D, T].
+type filterBufs struct {
+	T             int
+	fa, fs        []backend.Tensor
+	hraw, mod, hT backend.Tensor
+}
+
+// computeFilter computes the layer's long filters for length f.T into
+// f.hT: the MLP of the first T rows of the positional features, then for
+// each convolution o its channels d·(Order-1)+o of the last linear layer
+// (rows of its weight Order-1 apart), modulated and transposed to
+// channel-major.
+func computeFilter(be backend.Backend, cfg Config, p *LayerParams, f filterBufs) {
+	T, D, F, E, O := f.T, cfg.DModel, cfg.FilterOrder, cfg.EmbDim, cfg.Order-1
 	mm := cfg.NumInnerMLPs
-	linearBias(be, a.fa[0], p.Z.Slice(0, T*E), p.FilterW[0], p.FilterB[0], T, E, F)
-	be.SinForward(a.fs[0], a.fa[0], p.Freq, T, F)
+	linearBias(be, f.fa[0], p.Z.Slice(0, T*E), p.FilterW[0], p.FilterB[0], T, E, F)
+	be.SinForward(f.fs[0], f.fa[0], p.Freq, T, F)
 	for i := 1; i <= mm; i++ {
-		linearBias(be, a.fa[i], a.fs[i-1], p.FilterW[i], p.FilterB[i], T, F, F)
-		be.SinForward(a.fs[i], a.fa[i], p.Freq, T, F)
+		linearBias(be, f.fa[i], f.fs[i-1], p.FilterW[i], p.FilterB[i], T, F, F)
+		be.SinForward(f.fs[i], f.fa[i], p.Freq, T, F)
 	}
 	span := (D-1)*O*F + F
 	for o := 0; o < O; o++ {
-		be.Gemm(false, true, T, D, F, 1, a.fs[mm], F, p.FilterW[mm+1].Slice(o*F, span), O*F, 0, m.hraw, D)
+		be.Gemm(false, true, T, D, F, 1, f.fs[mm], F, p.FilterW[mm+1].Slice(o*F, span), O*F, 0, f.hraw, D)
 		if cfg.Modulate {
-			be.Mul(m.hraw, m.hraw, m.mod.Slice(o*T*D, T*D))
+			be.Mul(f.hraw, f.hraw, f.mod.Slice(o*T*D, T*D))
 		}
-		be.Transpose(a.hT.Slice(o*D*T, D*T), m.hraw, 1, T, D)
+		be.Transpose(f.hT.Slice(o*D*T, D*T), f.hraw, 1, T, D)
 	}
+}
+
+// filterForward computes layer a's filters for the model's length T.
+func (m *Model) filterForward(a *layerActs, p *LayerParams) {
+	computeFilter(m.be, m.Cfg, p, filterBufs{T: m.T, fa: a.fa, fs: a.fs, hraw: m.hraw, mod: m.mod, hT: a.hT})
 }
 
 // filterBackward back-propagates the filters' gradient dhT into the

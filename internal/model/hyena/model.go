@@ -125,14 +125,7 @@ func New(be backend.Backend, cfg Config, B, T int, opt Options) (*Model, error) 
 		return t
 	})
 	if cfg.Modulate && m.nl > 0 {
-		full := cfg.Modulation() // [Order-1, l_max, D]
-		D, O := cfg.DModel, cfg.Order-1
-		host := make([]float32, O*T*D)
-		for o := 0; o < O; o++ {
-			copy(host[o*T*D:(o+1)*T*D], full[o*cfg.LMax*D:])
-		}
-		m.mod = be.Alloc(backend.Float32, len(host))
-		be.Upload(m.mod, host)
+		m.mod = uploadModulation(be, cfg, T)
 	}
 	m.ids = be.Alloc(backend.Int32, m.N)
 	m.targets = be.Alloc(backend.Int32, m.N)
@@ -543,4 +536,18 @@ func (m *Model) Init(seed uint64) {
 		InitParams(m.Cfg, seed, host[p.LocalOffset:p.LocalOffset+p.Size], p.Offset)
 	}
 	m.be.Upload(m.Params, host)
+}
+
+// uploadModulation returns the modulation of the first T positions,
+// [Order-1, T, D] (see Config.Modulation), on be.
+func uploadModulation(be backend.Backend, cfg Config, T int) backend.Tensor {
+	full := cfg.Modulation() // [Order-1, l_max, D]
+	D, O := cfg.DModel, cfg.Order-1
+	host := make([]float32, O*T*D)
+	for o := 0; o < O; o++ {
+		copy(host[o*T*D:(o+1)*T*D], full[o*cfg.LMax*D:])
+	}
+	t := be.Alloc(backend.Float32, len(host))
+	be.Upload(t, host)
+	return t
 }

@@ -156,8 +156,8 @@ func (c Config) StageRange(s StageSpec) model.Range {
 	return model.Range{Lo: max(lo, 0), Hi: hi}
 }
 
-// bindStage lays the views of stage s (local layers 0 … NumLayers-1)
-// over the unit u buffer buf (the unit's elements) into p.
+// bindUnit lays the views of unit u of stage s (local layers 0 …
+// NumLayers-1) over buf, which holds the unit's elements, into p.
 func bindUnit(c Config, s StageSpec, p *Params, u int, buf backend.Tensor) {
 	if hasWte(s) {
 		if u == 0 {
@@ -275,4 +275,14 @@ func hashString(s string) uint64 {
 		h *= 1099511628211
 	}
 	return h
+}
+
+// View lays the whole model's parameter (or gradient) views over its
+// flat buffer flat (Layout order).
+func View(cfg Config, flat backend.Tensor) Params {
+	p := newParams(cfg, cfg.NLayer)
+	for u, r := range cfg.Units() {
+		bindUnit(cfg, cfg.Whole(), &p, u, flat.Slice(r.Lo, r.Len()))
+	}
+	return p
 }
