@@ -31,8 +31,10 @@ type Options struct {
 // (the embedding) again after the final norm; Backward visits them in
 // the reverse order: unit 0 for the head, the final norm, the layers
 // downwards and unit 0 for the embedding. A sharded data-parallel
-// runtime therefore gathers the embedding twice per pass and reduces
-// its gradient twice, the two reductions adding up.
+// runtime (internal/parallel/fsdp) therefore binds the embedding's unit
+// twice per pass, gathering it again unless its policy kept it, and
+// reduces its gradient twice (head, then lookup); the two reductions add
+// into the same gradient shard.
 type Model struct {
 	Cfg  Config // the whole model's shape
 	B, T int

@@ -195,9 +195,6 @@ func TestPyTorchParity(t *testing.T) {
 // folder and requires the committed golden files to be what it writes.
 // It needs PyTorch: it is skipped without it, and fails in CI.
 func TestReferenceScriptReproducesGolden(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs PyTorch")
-	}
 	py := testenv.Torch(t)
 	testenv.PythonModule(t, "numpy")
 	dir := t.TempDir()
