@@ -4,7 +4,8 @@ package configs
 
 import "embed"
 
-// FS holds the flavor files: llama3.toml, one TOML table per flavor.
+// FS holds the flavor files, one TOML table per flavor: llama3.toml and
+// hyena.toml.
 //
 //go:embed *.toml
 var FS embed.FS

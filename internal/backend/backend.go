@@ -111,9 +111,9 @@ type AttentionDims struct {
 	QPos, KPos  int
 }
 
-// Backend owns device memory and implements the operations Llama-style
-// models need. Float tensors are float32 unless stated otherwise; token
-// tensors are Int32.
+// Backend owns device memory and implements the operations the model
+// families need (Llama-style transformers, Hyena). Float tensors are
+// float32 unless stated otherwise; token tensors are Int32.
 type Backend interface {
 	// Name identifies the backend ("cpu", "cuda").
 	Name() string
@@ -184,6 +184,70 @@ type Backend interface {
 	// with dloss/dlogits = scale * (softmax - onehot(target)), using the
 	// completed stats. Ignored rows get zero.
 	CrossEntropyChunkBackward(logits, stats, targets Tensor, N, V, vOff int, scale float32)
+
+	// LayerNormForward computes out = (inp - mean) * rstd * weight + bias
+	// per row of C elements, saving each row's mean and rstd =
+	// 1/sqrt(var + eps) (biased variance) [N] for the backward.
+	LayerNormForward(out, mean, rstd, inp, weight, bias Tensor, N, C int, eps float32)
+	// LayerNormBackward accumulates dinp, dweight and dbias.
+	LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd Tensor, N, C int)
+
+	// GELUTanhForward computes out = gelu(inp) over n elements with the
+	// tanh approximation 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³)))
+	// (PyTorch's approximate="tanh"); out may alias inp.
+	GELUTanhForward(out, inp Tensor, n int)
+	// GELUTanhBackward accumulates dinp += dout · gelu'(inp).
+	GELUTanhBackward(dinp, dout, inp Tensor, n int)
+
+	// BroadcastRows sets every row of out [N, C] to row [C] (a linear
+	// layer's bias, onto which a Gemm with beta 1 then accumulates the
+	// product).
+	BroadcastRows(out, row Tensor, N, C int)
+	// SumRows accumulates dst[j] += Σ_i src[i, j] over the N rows of src
+	// [N, C] (a bias gradient).
+	SumRows(dst, src Tensor, N, C int)
+
+	// Transpose writes out[b, c, r] = inp[b, r, c] for B matrices of R×C
+	// elements (token-major [B, T, C] to channel-major [B, C, T] and back).
+	// out must not alias inp.
+	Transpose(out, inp Tensor, B, R, C int)
+
+	// Mul computes out = a ⊙ b elementwise; out may alias a or b.
+	Mul(out, a, b Tensor)
+	// MulBackward accumulates da += dout ⊙ b and db += dout ⊙ a; a
+	// gradient with nil Mem is not computed.
+	MulBackward(da, db, dout, a, b Tensor)
+
+	// ChannelScaleAdd computes out[b, c, l] = a[b, c, l] + w[c]·x[b, c, l]
+	// over channel-major [B, C, L] buffers (a per-channel skip term added
+	// to a convolution's output); out may alias a.
+	ChannelScaleAdd(out, a, x, w Tensor, B, C, L int)
+	// ChannelScaleAddBackward accumulates dx += w[c]·dout and
+	// dw[c] += Σ_{b,l} dout·x; the gradient of a is dout itself.
+	ChannelScaleAddBackward(dx, dw, dout, x, w Tensor, B, C, L int)
+
+	// ShortConvForward is a causal depthwise convolution of width K over
+	// channel-major [B, C, L] buffers: out[b, c, t] = bias[c] +
+	// Σ_{k<K} weight[c, k]·inp[b, c, t-K+1+k], inputs before t = 0 being
+	// zero (PyTorch's Conv1d with groups = C and padding K-1, cut to the
+	// first L outputs: weight[c, K-1] multiplies the current input).
+	ShortConvForward(out, inp, weight, bias Tensor, B, C, L, K int)
+	// ShortConvBackward accumulates dinp, dweight [C, K] and dbias [C].
+	ShortConvBackward(dinp, dweight, dbias, dout, inp, weight Tensor, B, C, L, K int)
+	// ShortConvStep advances the convolution by one position for B
+	// sequences: state [B, C, K-1] holds each channel's last K-1 inputs,
+	// oldest first; inp [B, C] is the new input. It writes out [B, C] =
+	// bias + Σ_{k<K-1} weight[c, k]·state[b, c, k] + weight[c, K-1]·inp
+	// and shifts inp into state.
+	ShortConvStep(out, state, inp, weight, bias Tensor, B, C, K int)
+
+	// SinForward computes out[i, j] = sin(freq[j]·inp[i, j]) for N rows of
+	// C elements (a periodic activation with a trainable frequency per
+	// column); out may alias inp.
+	SinForward(out, inp, freq Tensor, N, C int)
+	// SinBackward accumulates dinp += dout·freq·cos(freq·inp) and
+	// dfreq[j] += Σ_i dout·inp·cos(freq·inp).
+	SinBackward(dinp, dfreq, dout, inp, freq Tensor, N, C int)
 
 	// AdamW updates params in place (PyTorch's AdamW, decoupled weight
 	// decay, bias correction for the 1-based step t). Gradients are

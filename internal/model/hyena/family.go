@@ -1,0 +1,121 @@
+package hyena
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/titan-go/titan/internal/backend"
+	"github.com/titan-go/titan/internal/checkpoint"
+	"github.com/titan-go/titan/internal/model"
+)
+
+// Family is a Hyena model of shape Cfg as the parallel engines see it
+// (model.Family): data parallelism (DDP, FSDP, HSDP) and pipeline stages,
+// without tensor or context parallelism. A pipeline stage with the head
+// must also hold the embedding, since the head is tied to it.
+type Family struct {
+	Cfg Config
+	// LogitChunk bounds the logit columns alive at once (see Options).
+	LogitChunk int
+}
+
+var _ model.Family = Family{}
+
+// Name implements model.Family.
+func (f Family) Name() string {
+	return fmt.Sprintf("hyena (%d layers, d_model %d, order %d)", f.Cfg.NLayer, f.Cfg.DModel, f.Cfg.Order)
+}
+
+// NumLayers implements model.Family.
+func (f Family) NumLayers() int { return f.Cfg.NLayer }
+
+// Check implements model.Family.
+func (f Family) Check(T, tp, cp int) error {
+	if tp < 1 || cp < 1 {
+		return fmt.Errorf("parallelism: tensor_parallel_degree %d and context_parallel_degree %d must be positive", tp, cp)
+	}
+	if tp > 1 {
+		return fmt.Errorf("parallelism.tensor_parallel_degree %d: tensor parallelism is not supported for hyena yet", tp)
+	}
+	if cp > 1 {
+		return fmt.Errorf("parallelism.context_parallel_degree %d: context parallelism is not supported for hyena yet", cp)
+	}
+	if T > f.Cfg.LMax {
+		return fmt.Errorf("training.seq_len %d exceeds the hyena model's l_max %d (the length of its filters)", T, f.Cfg.LMax)
+	}
+	return nil
+}
+
+// NewPart implements model.Family: a Model of stage pl.Stage with
+// external parameter buffers. It refuses tensor and context parallelism,
+// and a stage with the head but without the embedding: the head is tied
+// to the embedding, and keeping a second stage's copy of it in step is
+// not wired into the engines yet.
+func (f Family) NewPart(be backend.Backend, B, T int, pl model.Placement) (model.Part, error) {
+	if err := f.Check(T, max(pl.TP, 1), max(pl.CP, 1)); err != nil {
+		return nil, err
+	}
+	spec := pl.Stage
+	if spec.Head && !spec.Embedding {
+		return nil, fmt.Errorf("hyena: pipeline stage with layers [%d, %d) has the head but not the embedding it is tied to; tied embeddings across pipeline stages are not supported yet (put the first and last layers on one stage)", spec.FirstLayer, spec.FirstLayer+spec.NumLayers)
+	}
+	m, err := New(be, f.Cfg, B, T, Options{Stage: &spec, External: true, LogitChunk: f.LogitChunk})
+	if err != nil {
+		return nil, err
+	}
+	return part{m}, nil
+}
+
+// ShardLen implements model.Family: the whole model's flat buffer (tp is
+// 1).
+func (f Family) ShardLen(tp int) int { return int(f.Cfg.NumParams()) }
+
+// StageRange implements model.Family (see Config.StageRange).
+func (f Family) StageRange(s model.StageSpec, tp int) model.Range { return f.Cfg.StageRange(s) }
+
+// Init implements model.Family.
+func (f Family) Init(seed uint64, tp, tpRank, lo int, dst []float32) {
+	InitParams(f.Cfg, seed, dst, lo)
+}
+
+// Read implements model.Family: the elements [lo, lo+len(dst)) of the
+// whole model's flat buffer from the tensors prefix+<parameter> of r.
+func (f Family) Read(r *checkpoint.Reader, prefix string, tp, tpRank, lo int, dst []float32) error {
+	hi := lo + len(dst)
+	for _, p := range f.Cfg.Layout() {
+		a, b := max(lo, p.Offset), min(hi, p.Offset+p.Size)
+		if a >= b {
+			continue
+		}
+		name := prefix + p.Name
+		t, ok := r.Meta.Tensors[name]
+		if !ok {
+			return fmt.Errorf("checkpoint %s lacks %s", r.Dir, name)
+		}
+		if !slices.Equal(t.Shape, p.Shape) {
+			return fmt.Errorf("checkpoint %s: %s has shape %v, the model wants %v", r.Dir, name, t.Shape, p.Shape)
+		}
+		if err := r.Read(name, a-p.Offset, dst[a-lo:b-lo]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Unshard implements model.Family: without tensor parallelism the one
+// rank's buffer is the whole.
+func (f Family) Unshard(locals [][]float32) []float32 { return locals[0] }
+
+// Rows implements model.Family: without context parallelism a rank holds
+// the whole rows.
+func (f Family) Rows(x []int32, T, cp, cpRank int) []int32 { return x }
+
+// part is a Model as a model.Part.
+type part struct{ *Model }
+
+func (p part) SetHooks(h model.UnitHooks) { p.Hooks = h }
+
+func (p part) Forward(tokens, targets []int32) error {
+	_, err := p.Model.Forward(tokens, targets)
+	return err
+}
