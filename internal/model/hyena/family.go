@@ -29,6 +29,25 @@ func (f Family) Name() string {
 // NumLayers implements model.Family.
 func (f Family) NumLayers() int { return f.Cfg.NLayer }
 
+// Tensors implements model.Family.
+func (f Family) Tensors() []model.Tensor {
+	var out []model.Tensor
+	for _, p := range f.Cfg.Layout() {
+		out = append(out, model.Tensor{Name: p.Name, Shape: p.Shape, Offset: p.Offset, Size: p.Size})
+	}
+	return out
+}
+
+// VocabSize implements model.Family: the tokenizer's vocabulary (the
+// embedding is padded beyond it).
+func (f Family) VocabSize() int { return f.Cfg.VocabSize }
+
+// MaxSeqLen implements model.Family: the filters' length.
+func (f Family) MaxSeqLen() int { return f.Cfg.LMax }
+
+// FLOPsPerToken implements model.Family.
+func (f Family) FLOPsPerToken(T int) float64 { return f.Cfg.FLOPsPerToken(T) }
+
 // Check implements model.Family.
 func (f Family) Check(T, tp, cp int) error {
 	if tp < 1 || cp < 1 {
