@@ -55,6 +55,9 @@ transformers' LlamaForCausalLM loads, plus the checkpoint's tokenizer files.`,
 			if err != nil {
 				return err
 			}
+			if m.Desc.Name == "hyena" {
+				return fmt.Errorf("%s holds a hyena model: Hugging Face export is not supported for hyena yet", ckpt)
+			}
 			opts := hf.ExportOptions{MaxShardBytes: shard}
 			if b := m.Tokenizer.BOS(); b >= 0 {
 				opts.BOS = &b

@@ -37,6 +37,9 @@ The loss is the mean over every predicted token of every sequence.`,
 			if err != nil {
 				return err
 			}
+			if m.Desc.Name == "hyena" {
+				return fmt.Errorf("%s holds a hyena model: %s is not supported for hyena yet", ckpt, cmd.Name())
+			}
 			var seqs [][]int32
 			if textFile != "" {
 				raw, err := os.ReadFile(textFile)
@@ -119,6 +122,9 @@ func newGenerateCmd() *cobra.Command {
 			m, err := modelfile.Load(ckpt)
 			if err != nil {
 				return err
+			}
+			if m.Desc.Name == "hyena" {
+				return fmt.Errorf("%s holds a hyena model: %s is not supported for hyena yet", ckpt, cmd.Name())
 			}
 			s, err := generate.NewSampler(temperature, topK, topP, seed)
 			if err != nil {

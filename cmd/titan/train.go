@@ -149,7 +149,7 @@ func newConfigCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if _, err := train.ModelConfig(job); err != nil {
+			if _, err := train.ModelFamily(job); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok\n", validate.recipe)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/titan-go/titan/internal/checkpoint"
 	"github.com/titan-go/titan/internal/model"
+	"github.com/titan-go/titan/internal/model/hyena"
 	"github.com/titan-go/titan/internal/model/llama"
 	"github.com/titan-go/titan/internal/tokenizer"
 )
@@ -25,11 +26,45 @@ const ConfigBlob = "model_config.json"
 // tokenizerPrefix prefixes the blobs holding the tokenizer's files.
 const tokenizerPrefix = "tokenizer."
 
-// Description is the content of model_config.json.
+// Description is the content of model_config.json: the family and its
+// shape (Config for llama3, Hyena for hyena).
 type Description struct {
-	Name   string       `json:"name"`   // "llama3"
-	Flavor string       `json:"flavor"` // flavor the model was built from, or "" (imported)
-	Config llama.Config `json:"config"`
+	Name   string        `json:"name"`   // "llama3" or "hyena"
+	Flavor string        `json:"flavor"` // flavor the model was built from, or "" (imported)
+	Config llama.Config  `json:"config"`
+	Hyena  *hyena.Config `json:"hyena_config,omitempty"`
+}
+
+// Describe is the description of a model family's model.
+func Describe(fam model.Family, flavor string) (Description, error) {
+	switch f := fam.(type) {
+	case llama.Family:
+		return Description{Name: "llama3", Flavor: flavor, Config: f.Cfg}, nil
+	case hyena.Family:
+		c := f.Cfg
+		return Description{Name: "hyena", Flavor: flavor, Hyena: &c}, nil
+	}
+	return Description{}, fmt.Errorf("modelfile: no description for %s", fam.Name())
+}
+
+// Family is the described model's family.
+func (d Description) Family() (model.Family, error) {
+	switch d.Name {
+	case "llama3", "":
+		if err := d.Config.Validate(); err != nil {
+			return nil, err
+		}
+		return llama.Family{Cfg: d.Config}, nil
+	case "hyena":
+		if d.Hyena == nil {
+			return nil, fmt.Errorf("modelfile: a hyena model without hyena_config")
+		}
+		if err := d.Hyena.Validate(); err != nil {
+			return nil, err
+		}
+		return hyena.Family{Cfg: *d.Hyena}, nil
+	}
+	return nil, fmt.Errorf("modelfile: unknown model family %q", d.Name)
 }
 
 // tokenizerFiles are the files of a tokenizer folder worth carrying.
@@ -101,8 +136,8 @@ func PrefixedShards(prefix string, tensors []model.Tensor, flat []float32) []che
 }
 
 // ReadPrefixed reads prefix+<parameter> tensors into the flat buffer.
-func ReadPrefixed(r *checkpoint.Reader, prefix string, cfg llama.Config, flat []float32) error {
-	for _, p := range cfg.Layout() {
+func ReadPrefixed(r *checkpoint.Reader, prefix string, tensors []model.Tensor, flat []float32) error {
+	for _, p := range tensors {
 		t, ok := r.Meta.Tensors[prefix+p.Name]
 		if !ok {
 			return fmt.Errorf("checkpoint %s lacks %s%s", r.Dir, prefix, p.Name)
@@ -123,7 +158,11 @@ func Save(folder string, step int, d Description, params []float32, tokenizerPat
 	if err != nil {
 		return err
 	}
-	return checkpoint.Save(folder, step, Shards(llama.Family{Cfg: d.Config}.Tensors(), params), blobs)
+	fam, err := d.Family()
+	if err != nil {
+		return err
+	}
+	return checkpoint.Save(folder, step, Shards(fam.Tensors(), params), blobs)
 }
 
 // Model is a model read back from disk.
@@ -168,19 +207,21 @@ func Load(dir string) (*Model, error) {
 	if err := json.Unmarshal(raw, &m.Desc); err != nil {
 		return nil, fmt.Errorf("%s/%s: %w", dir, ConfigBlob, err)
 	}
-	if err := m.Desc.Config.Validate(); err != nil {
+	fam, err := m.Desc.Family()
+	if err != nil {
 		return nil, fmt.Errorf("%s/%s: %w", dir, ConfigBlob, err)
 	}
-	m.Params = make([]float32, m.Desc.Config.NumParams())
-	if err := ReadPrefixed(r, "model/", m.Desc.Config, m.Params); err != nil {
+	ts := fam.Tensors()
+	m.Params = make([]float32, ts[len(ts)-1].Offset+ts[len(ts)-1].Size)
+	if err := ReadPrefixed(r, "model/", ts, m.Params); err != nil {
 		return nil, err
 	}
 	m.Tokenizer, err = loadTokenizer(r)
 	if err != nil {
 		return nil, err
 	}
-	if m.Tokenizer.VocabSize() > m.Desc.Config.VocabSize {
-		return nil, fmt.Errorf("%s: tokenizer has %d tokens, more than the model's vocab_size %d", dir, m.Tokenizer.VocabSize(), m.Desc.Config.VocabSize)
+	if m.Tokenizer.VocabSize() > fam.VocabSize() {
+		return nil, fmt.Errorf("%s: tokenizer has %d tokens, more than the model's vocab_size %d", dir, m.Tokenizer.VocabSize(), fam.VocabSize())
 	}
 	return m, nil
 }

@@ -51,7 +51,11 @@ func (tr *Trainer) save(modelOnly bool) error {
 		return nil // rank 0 writes the state every replica holds
 	}
 	shards := modelfile.Shards(tr.fam.Tensors(), params)
-	blobs, err := modelfile.Blobs(modelfile.Description{Name: "llama3", Flavor: tr.Job.Model.Flavor, Config: tr.Cfg}, tr.Job.Model.TokenizerPath)
+	desc, err := modelfile.Describe(tr.fam, tr.Job.Model.Flavor)
+	if err != nil {
+		return err
+	}
+	blobs, err := modelfile.Blobs(desc, tr.Job.Model.TokenizerPath)
 	if err != nil {
 		return err
 	}

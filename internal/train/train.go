@@ -21,6 +21,7 @@ import (
 	"github.com/titan-go/titan/internal/mesh"
 	"github.com/titan-go/titan/internal/metrics"
 	"github.com/titan-go/titan/internal/model"
+	"github.com/titan-go/titan/internal/model/hyena"
 	"github.com/titan-go/titan/internal/model/llama"
 	"github.com/titan-go/titan/internal/optim"
 	"github.com/titan-go/titan/internal/parallel"
@@ -31,7 +32,6 @@ import (
 // Trainer holds one run's state.
 type Trainer struct {
 	Job   *config.Job
-	Cfg   llama.Config
 	Opt   *optim.AdamW
 	Sched optim.Schedule
 	Tok   tokenizer.Tokenizer
@@ -103,14 +103,14 @@ func seedOf(job *config.Job) uint64 {
 // data-parallel rank reads the same global batch and trains on its rows.
 // Rank 0 alone logs and writes checkpoints.
 func New(job *config.Job, dev Device, out io.Writer, dist *Dist) (*Trainer, error) {
-	cfg, err := ModelConfig(job)
+	fam, err := ModelFamily(job)
 	if err != nil {
 		return nil, err
 	}
 	if dev.Backend == nil {
 		return nil, errors.New("train: no backend")
 	}
-	tr := &Trainer{Job: job, Cfg: cfg, out: out, seed: seedOf(job), dist: Dist{World: 1}, dev: dev, be: dev.Backend}
+	tr := &Trainer{Job: job, fam: fam, out: out, seed: seedOf(job), dist: Dist{World: 1}, dev: dev, be: dev.Backend}
 	if dist != nil {
 		tr.dist = *dist
 	}
@@ -119,20 +119,8 @@ func New(job *config.Job, dev Device, out io.Writer, dist *Dist) (*Trainer, erro
 		return nil, err
 	}
 	tr.pplan = pplan
-	// Refuse a job that cannot fit before anything large is allocated.
-	plan, err := memplan.FromJob(job, tr.dist.World)
-	if err != nil {
+	if err := tr.checkMemory(); err != nil {
 		return nil, err
-	}
-	rep, err := memplan.Estimate(plan)
-	if err != nil {
-		return nil, err
-	}
-	if avail, err := memplan.Available(); err == nil {
-		local := max(tr.dist.World/max(tr.dist.Hosts, 1), 1)
-		if err := memplan.Check(rep, avail/int64(local)); err != nil {
-			return nil, err
-		}
 	}
 	if tr.dist.Rank != 0 {
 		tr.out = io.Discard
@@ -144,8 +132,8 @@ func New(job *config.Job, dev Device, out io.Writer, dist *Dist) (*Trainer, erro
 	if tr.groups, err = parallel.NewGroups(tr.dist.Group, tr.mesh, tr.dist.Rank); err != nil {
 		return nil, err
 	}
-	if tr.Tok.VocabSize() > cfg.VocabSize {
-		return nil, fmt.Errorf("model.tokenizer_path %q: the %s tokenizer has %d tokens but model flavor %s has vocab_size %d", job.Model.TokenizerPath, tr.Tok.Name(), tr.Tok.VocabSize(), job.Model.Flavor, cfg.VocabSize)
+	if tr.Tok.VocabSize() > fam.VocabSize() {
+		return nil, fmt.Errorf("model.tokenizer_path %q: the %s tokenizer has %d tokens but model flavor %s has vocab_size %d", job.Model.TokenizerPath, tr.Tok.Name(), tr.Tok.VocabSize(), job.Model.Flavor, fam.VocabSize())
 	}
 	T, B := job.Training.SeqLen, job.Training.LocalBatchSize
 	tr.accum = 1
@@ -179,7 +167,6 @@ func New(job *config.Job, dev Device, out io.Writer, dist *Dist) (*Trainer, erro
 	if err != nil {
 		return nil, fmt.Errorf("parallelism: %w", err)
 	}
-	tr.fam = llama.Family{Cfg: cfg, Checkpoint: tr.acPolicy()}
 	if tr.eng, err = parallel.New(be, tr.fam, tr.groups, parallel.Options{
 		Pipeline: pplan, T: T, EvalRows: v.LocalBatchSize, EvalT: v.SeqLen, Reshard: reshard,
 	}); err != nil {
@@ -223,11 +210,11 @@ func checkParallelism(job *config.Job, world int) (*mesh.Mesh, parallel.Pipeline
 	if _, err := fsdp.ParseReshard(p.FSDPReshardAfterForward); err != nil {
 		return nil, none, fmt.Errorf("parallelism: %w", err)
 	}
-	cfg, err := ModelConfig(job)
+	fam, err := ModelFamily(job)
 	if err != nil {
 		return nil, none, err
 	}
-	pplan, err := parallel.PlanPipeline(cfg.NLayers, job.Training.LocalBatchSize, parallel.PipelineSettings{
+	pplan, err := parallel.PlanPipeline(fam.NumLayers(), job.Training.LocalBatchSize, parallel.PipelineSettings{
 		Degree: p.PipelineParallelDegree, Schedule: p.PipelineParallelSchedule, LayersPerStage: p.PipelineParallelLayersPerStage,
 		FirstLessLayers: p.PipelineParallelFirstStageLessLayers, LastLessLayers: p.PipelineParallelLastStageLessLayers,
 		MicrobatchSize: p.PipelineParallelMicrobatchSize,
@@ -242,15 +229,15 @@ func checkParallelism(job *config.Job, world int) (*mesh.Mesh, parallel.Pipeline
 	if p.EnableAsyncTensorParallel {
 		return nil, none, errors.New("parallelism.enable_async_tensor_parallel: not implemented yet (set it to false)")
 	}
-	if err := llama.CheckParallel(cfg, job.Training.SeqLen, m.TP, m.CP); err != nil {
+	if err := fam.Check(job.Training.SeqLen, m.TP, m.CP); err != nil {
 		return nil, none, err
 	}
 	if v := job.Validation; v.Enable {
-		if err := llama.CheckParallel(cfg, v.SeqLen, m.TP, m.CP); err != nil {
-			return nil, none, fmt.Errorf("validation.seq_len %d: %w", v.SeqLen, err)
+		if v.SeqLen > fam.MaxSeqLen() {
+			return nil, none, fmt.Errorf("validation.seq_len %d exceeds the longest sequence %d of %s flavor %s", v.SeqLen, fam.MaxSeqLen(), job.Model.Name, job.Model.Flavor)
 		}
-		if v.SeqLen > cfg.MaxSeqLen {
-			return nil, none, fmt.Errorf("validation.seq_len %d exceeds the max_seq_len %d of flavor %s", v.SeqLen, cfg.MaxSeqLen, job.Model.Flavor)
+		if err := fam.Check(v.SeqLen, m.TP, m.CP); err != nil {
+			return nil, none, fmt.Errorf("validation.seq_len %d: %w", v.SeqLen, err)
 		}
 	}
 	return m, pplan, nil
@@ -269,25 +256,70 @@ func (tr *Trainer) stateBytes() int64 {
 func (tr *Trainer) dataRanks() int { return tr.groups.DataRanks() }
 
 // acPolicy is the recipe's activation checkpointing policy, as logged.
-func (tr *Trainer) acPolicy() llama.ActivationCheckpoint {
-	ac := tr.Job.ActivationCheckpoint
+func (tr *Trainer) acPolicy() llama.ActivationCheckpoint { return acPolicy(tr.Job) }
+
+func acPolicy(job *config.Job) llama.ActivationCheckpoint {
+	ac := job.ActivationCheckpoint
 	return llama.ActivationCheckpoint{Mode: ac.Mode, SelectiveOption: ac.SelectiveACOption}
 }
 
-// ModelConfig resolves the recipe's model and checks that the recipe's
-// shapes fit it.
-func ModelConfig(job *config.Job) (llama.Config, error) {
-	if job.Model.Name != "llama3" {
-		return llama.Config{}, fmt.Errorf("model.name %q: titan trains llama3 models", job.Model.Name)
+// ModelFamily resolves the recipe's model — model.name "llama3" or
+// "hyena", model.flavor one of that family's flavors — with its training
+// settings, and checks that the recipe's shapes fit it.
+func ModelFamily(job *config.Job) (model.Family, error) {
+	var fam model.Family
+	switch job.Model.Name {
+	case "llama3":
+		cfg, err := llama.Flavor(job.Model.Flavor)
+		if err != nil {
+			return nil, fmt.Errorf("model.flavor: %w", err)
+		}
+		fam = llama.Family{Cfg: cfg, Checkpoint: acPolicy(job)}
+	case "hyena":
+		cfg, err := hyena.Flavor(job.Model.Flavor)
+		if err != nil {
+			return nil, fmt.Errorf("model.flavor: %w", err)
+		}
+		if m := job.ActivationCheckpoint.Mode; m != "" && m != "none" {
+			return nil, fmt.Errorf("activation_checkpoint.mode %q: activation checkpointing is not supported for hyena yet (set it to \"none\")", m)
+		}
+		fam = hyena.Family{Cfg: cfg}
+	default:
+		return nil, fmt.Errorf("model.name %q: titan trains llama3 and hyena models", job.Model.Name)
 	}
-	cfg, err := llama.Flavor(job.Model.Flavor)
+	if T := job.Training.SeqLen; T > fam.MaxSeqLen() {
+		return nil, fmt.Errorf("training.seq_len %d exceeds the longest sequence %d of %s flavor %s", T, fam.MaxSeqLen(), job.Model.Name, job.Model.Flavor)
+	}
+	return fam, nil
+}
+
+// checkMemory refuses a job that cannot fit before anything large is
+// allocated: memplan's estimate for llama3; for the other families the
+// parameters, gradients and optimizer moments of the largest rank share
+// (activations are not estimated yet).
+func (tr *Trainer) checkMemory() error {
+	avail, err := memplan.Available()
 	if err != nil {
-		return llama.Config{}, fmt.Errorf("model.flavor: %w", err)
+		return nil // unknown
 	}
-	if T := job.Training.SeqLen; T > cfg.MaxSeqLen {
-		return llama.Config{}, fmt.Errorf("training.seq_len %d exceeds the max_seq_len %d of flavor %s", T, cfg.MaxSeqLen, job.Model.Flavor)
+	avail /= int64(max(tr.dist.World/max(tr.dist.Hosts, 1), 1))
+	if tr.Job.Model.Name == "llama3" {
+		plan, err := memplan.FromJob(tr.Job, tr.dist.World)
+		if err != nil {
+			return err
+		}
+		rep, err := memplan.Estimate(plan)
+		if err != nil {
+			return err
+		}
+		return memplan.Check(rep, avail)
 	}
-	return cfg, nil
+	shard := max(tr.mesh.DPShard*tr.mesh.CP, 1)
+	state := numParams(tr.fam) * 16 / int64(shard) / int64(tr.mesh.PP)
+	if state > avail {
+		return fmt.Errorf("memplan: the %s model's parameters, gradients and optimizer state need about %s per rank but only %s is available; shard them over more ranks (parallelism.data_parallel_shard_degree)", tr.fam.Name(), memplan.Human(state), memplan.Human(avail))
+	}
+	return nil
 }
 
 // Close releases the backend.
@@ -314,8 +346,8 @@ func (tr *Trainer) Run(ctx context.Context) error {
 	}
 	defer tr.log.Close()
 	B, T := job.Training.LocalBatchSize, job.Training.SeqLen
-	tr.log.Printf("titan: llama3 %s, %s parameters, %d sequences × %d tokens per step (%d microbatches of %d on each of %d ranks), %s per rank, peak %.0f GFLOP/s, activation checkpointing %s (%.1f MiB of activations per rank)",
-		job.Model.Flavor, humanCount(numParams(tr.fam)), tr.accum*B*tr.dataRanks(), T, tr.accum, B, tr.dataRanks(), tr.dev.Name, tr.peakFLOPS/1e9,
+	tr.log.Printf("titan: %s %s, %s parameters, %d sequences × %d tokens per step (%d microbatches of %d on each of %d ranks), %s per rank, peak %.0f GFLOP/s, activation checkpointing %s (%.1f MiB of activations per rank)",
+		job.Model.Name, job.Model.Flavor, humanCount(numParams(tr.fam)), tr.accum*B*tr.dataRanks(), T, tr.accum, B, tr.dataRanks(), tr.dev.Name, tr.peakFLOPS/1e9,
 		tr.acPolicy(), float64(tr.eng.Memory().ActivationBytes)/(1<<20))
 	tr.log.Printf("titan: optimizer %s (%s)", tr.Opt.Name(), tr.Opt.Implementation())
 	if tr.mesh != nil {
@@ -428,7 +460,7 @@ func (tr *Trainer) Run(ctx context.Context) error {
 		if err := tr.log.Close(); err != nil {
 			return err
 		}
-		if path, err := metrics.PlotRun(job.Job.DumpFolder, fmt.Sprintf("llama3 %s: %s", job.Model.Flavor, job.Job.Description)); err == nil {
+		if path, err := metrics.PlotRun(job.Job.DumpFolder, fmt.Sprintf("%s %s: %s", job.Model.Name, job.Model.Flavor, job.Job.Description)); err == nil {
 			fmt.Fprintf(tr.out, "titan: loss curve %s\n", path)
 		}
 	}
