@@ -16,8 +16,8 @@ func hyenaRun(dump, data string, steps int) []string {
 }
 
 // TestHyenaParallelismMatchesOneProcess: the hyena family trains under
-// DDP2, FSDP2 (resharding after forward or not) and HSDP-free layouts of
-// the one engine like one process with the same global batch: losses and
+// DDP2, FSDP2 (resharding after forward or not), PP2 (1F1B, ZBV) and
+// PP2×FSDP2 of the one engine like one process with the same global batch: losses and
 // gradient norms within 1e-5 relative at every step, parameters within
 // 1e-5 (L2 relative), with clipping on (max_norm 1) and off.
 func TestHyenaParallelismMatchesOneProcess(t *testing.T) {
@@ -38,6 +38,11 @@ func TestHyenaParallelismMatchesOneProcess(t *testing.T) {
 			{"DDP2", []string{"--nproc", "2", "--set", "training.local_batch_size=2", "--set", "parallelism.data_parallel_replicate_degree=2", "--set", "parallelism.data_parallel_shard_degree=1"}},
 			{"FSDP2", []string{"--nproc", "2", "--set", "training.local_batch_size=2", "--set", "parallelism.fsdp_reshard_after_forward=always"}},
 			{"FSDP2 never", []string{"--nproc", "2", "--set", "training.local_batch_size=2", "--set", "parallelism.fsdp_reshard_after_forward=never"}},
+			// The head, on the last stage, is tied to the first stage's
+			// embedding: the engine keeps the copy in step.
+			{"PP2 1F1B", []string{"--nproc", "2", "--set", "parallelism.pipeline_parallel_degree=2", "--set", "parallelism.data_parallel_shard_degree=1"}},
+			{"PP2 ZBV", []string{"--nproc", "2", "--set", "parallelism.pipeline_parallel_degree=2", "--set", "parallelism.data_parallel_shard_degree=1", "--set", "parallelism.pipeline_parallel_schedule=ZBVZeroBubble"}},
+			{"PP2xFSDP2 Interleaved1F1B", []string{"--nproc", "4", "--set", "training.local_batch_size=2", "--set", "parallelism.pipeline_parallel_degree=2", "--set", "parallelism.data_parallel_shard_degree=2", "--set", "parallelism.pipeline_parallel_schedule=Interleaved1F1B", "--set", "parallelism.fsdp_reshard_after_forward=always"}},
 		} {
 			name := c.name + " max_norm " + clip
 			t.Run(name, func(t *testing.T) {

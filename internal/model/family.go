@@ -157,3 +157,28 @@ type Family interface {
 	// of the rows x (rows of T tokens), in the order its parts expect.
 	Rows(x []int32, T, cp, cpRank int) []int32
 }
+
+// Copy is a range of a stage part's flat buffer (Local) that holds a copy
+// of parameters another stage owns (Source, in the tp rank's flat
+// buffer), such as a head tied to the embedding on a stage without it.
+// The engine keeps the copy equal to its source: it initialises and
+// loads it from the source, sums the two gradients, and leaves it out of
+// the gradient norm and of saved state. A Copy is a whole unit of the
+// part.
+type Copy struct{ Local, Source Range }
+
+// Copier is a Family whose stages may hold copies (see Copy).
+type Copier interface {
+	// Copies lists stage s's copies in increasing Local order; the rest
+	// of its part's buffer is StageRange(s, tp), in order.
+	Copies(s StageSpec, tp int) []Copy
+}
+
+// StageCopies returns fam's copies for stage s (none unless fam is a
+// Copier).
+func StageCopies(fam Family, s StageSpec, tp int) []Copy {
+	if c, ok := fam.(Copier); ok {
+		return c.Copies(s, tp)
+	}
+	return nil
+}

@@ -125,8 +125,54 @@ type stage struct {
 	index int
 	flat  model.Range  // its part of the tp rank's flat buffer
 	off   int          // its offset in the local buffer
+	n     int          // its length in the local buffer: flat and copies
+	// copies are the stage's copies of other stages' parameters (see
+	// model.Copy), Local relative to the stage's part buffer.
+	copies []model.Copy
 	unit0 int          // its first unit in the runtime's numbering
 	parts []model.Part // every activation set (training and validation)
+}
+
+// newStage describes stage index of spec on a tp rank (its offset in the
+// local buffer unset).
+func newStage(fam model.Family, index int, spec model.StageSpec, tp int) *stage {
+	st := &stage{index: index, flat: fam.StageRange(spec, tp), copies: model.StageCopies(fam, spec, tp)}
+	st.n = st.flat.Len()
+	for _, c := range st.copies {
+		st.n += c.Local.Len()
+	}
+	return st
+}
+
+// toFlat maps element i of the stage's part buffer to the tp rank's flat
+// buffer: a copy's elements to its source, the others in order onto the
+// stage's range.
+func (st *stage) toFlat(i int) int {
+	shift := 0
+	for _, c := range st.copies {
+		if i >= c.Local.Lo && i < c.Local.Hi {
+			return c.Source.Lo + i - c.Local.Lo
+		}
+		if c.Local.Hi <= i {
+			shift += c.Local.Len()
+		}
+	}
+	return st.flat.Lo + i - shift
+}
+
+// own calls fn with each run [lo, hi) of the stage's part buffer that is
+// not a copy, in order.
+func (st *stage) own(fn func(lo, hi int)) {
+	at := 0
+	for _, c := range st.copies {
+		if at < c.Local.Lo {
+			fn(at, c.Local.Lo)
+		}
+		at = c.Local.Hi
+	}
+	if at < st.n {
+		fn(at, st.n)
+	}
 }
 
 // stageHooks numbers a stage's units as the runtime does.
@@ -152,8 +198,9 @@ func New(be backend.Backend, fam model.Family, g *Groups, o Options) (Engine, er
 	byIndex := map[int]*stage{}
 	off := 0
 	for _, s := range pp.Schedule.Stages(ppRank) {
-		st := &stage{index: s, flat: fam.StageRange(pp.Stages[s], g.Mesh.TP), off: off}
-		off += st.flat.Len()
+		st := newStage(fam, s, pp.Stages[s], g.Mesh.TP)
+		st.off = off
+		off += st.n
 		e.stages = append(e.stages, st)
 		byIndex[s] = st
 	}
@@ -265,7 +312,7 @@ func (e *engine) stageAt(i int) *stage {
 // buffer.
 func (e *engine) flatAt(lo int) int {
 	st := e.stageAt(lo)
-	return st.flat.Lo + lo - st.off
+	return st.toFlat(lo - st.off)
 }
 
 func (e *engine) Init(seed uint64) {
@@ -306,6 +353,9 @@ func (e *engine) ForwardBackward(inputs, labels []int32, accum int, scale float3
 		return 0, err
 	}
 	if err := e.reduceReplicated(); err != nil {
+		return 0, err
+	}
+	if err := e.reduceCopies(); err != nil {
 		return 0, err
 	}
 	e.stats = e.x.Stats()
@@ -361,12 +411,134 @@ func (e *engine) GradSumSquares() (float64, error) {
 		// The replicated parameters count once per tp group.
 		e.replicatedShard(func(t backend.Tensor) { s -= e.be.SumSquares(t) })
 	}
+	// A copy's gradient is its source's, counted there.
+	for _, t := range e.copyShards() {
+		s -= e.be.SumSquares(t.copy)
+	}
 	v := []float64{s}
 	if err := e.g.SumWorld(v); err != nil {
 		return 0, err
 	}
 	// Every element of a shard is held by each replica.
 	return v[0] / float64(size(e.g.Replicate)), nil
+}
+
+// tiedShard is this rank's shard of one copy unit and of its source's
+// unit when this rank holds it (Mem nil otherwise).
+type tiedShard struct{ copy, source backend.Tensor }
+
+// unitAt returns the runtime's unit whose range is [lo, hi) of the local
+// buffer, or -1.
+func (e *engine) unitAt(lo, hi int) int {
+	for u, r := range e.rt.Units {
+		if r.Lo == lo && r.Hi == hi {
+			return u
+		}
+	}
+	return -1
+}
+
+// copyShards lists, for every copy of this rank's stages, its gradient
+// shard.
+func (e *engine) copyShards() []tiedShard {
+	var out []tiedShard
+	for _, st := range e.stages {
+		for _, c := range st.copies {
+			u := e.unitAt(st.off+c.Local.Lo, st.off+c.Local.Hi)
+			out = append(out, tiedShard{copy: e.rt.Grads.Slice(e.rt.Local[u], e.rt.Shards[u].Len())})
+		}
+	}
+	return out
+}
+
+// reduceCopies adds up the gradients of every copy and of its source
+// over the pipeline group, so that both hold the model's gradient (and,
+// updated alike, stay equal). Every pipeline rank takes part with each
+// tie of the model, in stage order; a rank that holds neither side adds
+// zeros.
+func (e *engine) reduceCopies() error {
+	if e.g.PP == nil {
+		return nil
+	}
+	specs := e.o.Pipeline.Stages
+	var bufs [][]backend.Tensor // per tie: this rank's shards of it
+	var n []int
+	for s, spec := range specs {
+		for _, c := range model.StageCopies(e.fam, spec, e.pl.TP) {
+			var mine []backend.Tensor
+			size := 0
+			for _, st := range e.stages {
+				// The copy itself, on the stage that holds it.
+				if st.index == s {
+					u := e.unitAt(st.off+c.Local.Lo, st.off+c.Local.Hi)
+					mine = append(mine, e.rt.Grads.Slice(e.rt.Local[u], e.rt.Shards[u].Len()))
+				}
+				// The source, on the stage whose range holds it.
+				if c.Source.Lo >= st.flat.Lo && c.Source.Hi <= st.flat.Hi {
+					lo := -1
+					st.own(func(a, b int) {
+						if lo < 0 && st.toFlat(a) <= c.Source.Lo && c.Source.Lo < st.toFlat(a)+b-a {
+							lo = a + c.Source.Lo - st.toFlat(a)
+						}
+					})
+					u := e.unitAt(st.off+lo, st.off+lo+c.Source.Len())
+					if u < 0 {
+						return fmt.Errorf("parallel: the source %v of a tied copy is not a unit of stage %d", c.Source, st.index)
+					}
+					mine = append(mine, e.rt.Grads.Slice(e.rt.Local[u], e.rt.Shards[u].Len()))
+				}
+			}
+			// Every rank's shard of the tied unit has the same length.
+			lo, hi := comm.ChunkBounds(c.Local.Len(), size0(e.g.Shard), rank0(e.g.Shard))
+			size = hi - lo
+			bufs, n = append(bufs, mine), append(n, size)
+		}
+	}
+	total := 0
+	for _, k := range n {
+		total += k
+	}
+	if total == 0 {
+		return nil
+	}
+	h := make([]float32, total)
+	tmp := make([]float32, 0, total)
+	off := 0
+	for i, mine := range bufs {
+		for _, t := range mine {
+			tmp = tmp[:t.Len]
+			e.be.Download(tmp, t)
+			for j, v := range tmp {
+				h[off+j] += v
+			}
+		}
+		off += n[i]
+	}
+	if err := e.g.PP.AllReduce(commCtx, comm.F32(h), comm.Sum); err != nil {
+		return fmt.Errorf("pipeline: tied gradients: %w", err)
+	}
+	off = 0
+	for i, mine := range bufs {
+		for _, t := range mine {
+			e.be.Upload(t, h[off:off+t.Len])
+		}
+		off += n[i]
+	}
+	return nil
+}
+
+func size0(g comm.Group) int {
+	if g == nil {
+		return 1
+	}
+	return g.Size()
+}
+
+func rank0(g comm.Group) int {
+	if g == nil {
+		return 0
+	}
+	return g.Rank()
 }
 
 func (e *engine) Evaluate(inputs, labels []int32) (float64, int, error) {
@@ -440,12 +612,13 @@ func (e *engine) gatherStages(local []float32) ([]float32, error) {
 	}
 	flat := make([]float32, e.fam.ShardLen(e.pl.TP))
 	for r := 0; r < sched.PP; r++ {
-		var ranges []model.Range
+		var stages []*stage
 		n := 0
 		for _, s := range sched.Stages(r) {
-			fr := e.fam.StageRange(specs[s], e.pl.TP)
-			ranges = append(ranges, fr)
-			n += fr.Len()
+			st := newStage(e.fam, s, specs[s], e.pl.TP)
+			st.off = n
+			n += st.n
+			stages = append(stages, st)
 		}
 		buf := local
 		if r != 0 {
@@ -454,10 +627,11 @@ func (e *engine) gatherStages(local []float32) ([]float32, error) {
 				return nil, fmt.Errorf("pipeline: gathering the stages of rank %d: %w", r, err)
 			}
 		}
-		off := 0
-		for _, fr := range ranges {
-			copy(flat[fr.Lo:fr.Hi], buf[off:off+fr.Len()])
-			off += fr.Len()
+		for _, st := range stages {
+			st.own(func(lo, hi int) {
+				to := st.toFlat(lo)
+				copy(flat[to:to+hi-lo], buf[st.off+lo:st.off+hi])
+			})
 		}
 	}
 	return flat, nil

@@ -12,7 +12,8 @@ import (
 // Family is a Hyena model of shape Cfg as the parallel engines see it
 // (model.Family): data parallelism (DDP, FSDP, HSDP) and pipeline stages,
 // without tensor or context parallelism. A pipeline stage with the head
-// must also hold the embedding, since the head is tied to it.
+// but not the embedding holds a copy of the embedding the head is tied
+// to (model.Copier).
 type Family struct {
 	Cfg Config
 	// LogitChunk bounds the logit columns alive at once (see Options).
@@ -28,6 +29,18 @@ func (f Family) Name() string {
 
 // NumLayers implements model.Family.
 func (f Family) NumLayers() int { return f.Cfg.NLayer }
+
+// Copies implements model.Copier: a stage with the head but not the
+// embedding starts with its own copy of the embedding "wte.weight", which
+// the tied head reads; the engine keeps it equal to the first stage's.
+func (f Family) Copies(s model.StageSpec, tp int) []model.Copy {
+	if !s.Head || s.Embedding {
+		return nil
+	}
+	wte := f.Cfg.Layout()[0]
+	r := model.Range{Lo: wte.Offset, Hi: wte.Offset + wte.Size}
+	return []model.Copy{{Local: model.Range{Lo: 0, Hi: wte.Size}, Source: r}}
+}
 
 // Tensors implements model.Family.
 func (f Family) Tensors() []model.Tensor {
@@ -66,18 +79,14 @@ func (f Family) Check(T, tp, cp int) error {
 }
 
 // NewPart implements model.Family: a Model of stage pl.Stage with
-// external parameter buffers. It refuses tensor and context parallelism,
-// and a stage with the head but without the embedding: the head is tied
-// to the embedding, and keeping a second stage's copy of it in step is
-// not wired into the engines yet.
+// external parameter buffers. It refuses tensor and context parallelism.
+// A stage with the head but without the embedding holds a copy of the
+// embedding (see Copies).
 func (f Family) NewPart(be backend.Backend, B, T int, pl model.Placement) (model.Part, error) {
 	if err := f.Check(T, max(pl.TP, 1), max(pl.CP, 1)); err != nil {
 		return nil, err
 	}
 	spec := pl.Stage
-	if spec.Head && !spec.Embedding {
-		return nil, fmt.Errorf("hyena: pipeline stage with layers [%d, %d) has the head but not the embedding it is tied to; tied embeddings across pipeline stages are not supported yet (put the first and last layers on one stage)", spec.FirstLayer, spec.FirstLayer+spec.NumLayers)
-	}
 	m, err := New(be, f.Cfg, B, T, Options{Stage: &spec, External: true, LogitChunk: f.LogitChunk})
 	if err != nil {
 		return nil, err
