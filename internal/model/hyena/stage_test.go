@@ -352,9 +352,19 @@ func TestFamily(t *testing.T) {
 	if _, err := f.NewPart(be, 1, 4, model.Placement{TP: 2, Stage: c.Whole()}); err == nil {
 		t.Error("NewPart accepted tensor parallelism")
 	}
+	// A head stage without the embedding starts with its copy of it.
 	head := StageSpec{FirstLayer: 1, NumLayers: 1, Head: true}
-	if _, err := f.NewPart(be, 1, 4, model.Placement{Stage: head}); err == nil || !strings.Contains(err.Error(), "tied") {
-		t.Errorf("NewPart of a head stage without the embedding: %v, want a refusal naming the tied embedding", err)
+	hp, err := f.NewPart(be, 1, 4, model.Placement{Stage: head})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wte := c.Layout()[0]
+	cp := f.Copies(head, 1)
+	if len(cp) != 1 || cp[0].Local != (model.Range{Lo: 0, Hi: wte.Size}) || cp[0].Source != (model.Range{Lo: wte.Offset, Hi: wte.Offset + wte.Size}) || hp.Units()[0] != cp[0].Local {
+		t.Errorf("head stage copies %+v, units %v; want the embedding's copy as unit 0", cp, hp.Units())
+	}
+	if got := f.Copies(c.Whole(), 1); got != nil {
+		t.Errorf("the whole model has copies %+v", got)
 	}
 	p, err := f.NewPart(be, 2, 4, model.Placement{TP: 1, CP: 1, Stage: c.Whole()})
 	if err != nil {
