@@ -151,7 +151,6 @@ func For[T Float](n int) *Plan[T] {
 	return v.(*Plan[T])
 }
 
-
 // Len is the real transform size n.
 func (p *Plan[T]) Len() int { return p.n }
 
