@@ -48,7 +48,7 @@ const DefaultSpectrumBytes = 1 << 30
 
 // parallelWork is the amount of work (in multiply-adds) below which a
 // step or a tile batch runs on the calling goroutine alone.
-const parallelWork = 1 << 15
+const parallelWork = 1 << 18
 
 // OnlineConfig describes an Online convolution.
 type OnlineConfig struct {
@@ -243,7 +243,7 @@ func (o *Online) setupTiles(fftTile int, budget int64, F int) {
 	// The largest side of a tile that writes anything is the largest
 	// power of two ≤ L-1.
 	maxLevel := bits.Len(uint(L-1)) - 1
-	first := bits.Len(uint(fftTile-1)) // log2 of fftTile rounded up
+	first := bits.Len(uint(fftTile - 1)) // log2 of fftTile rounded up
 	if first > maxLevel {
 		return
 	}
