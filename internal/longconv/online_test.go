@@ -422,23 +422,33 @@ func (n *toyNet) referenceForced(forced []bool) [][][]float64 {
 	return out
 }
 
-// TestOnlineThreadsDeterministic checks bitwise equality across thread
-// counts for a step batch large enough to run in parallel.
+// TestOnlineThreadsDeterministic checks bitwise equality between one
+// goroutine and several, with every step and tile batch forced onto the
+// parallel path, in every mode and across a prefill.
 func TestOnlineThreadsDeterministic(t *testing.T) {
-	const L, B = 600, 3
-	ch := []int{40, 24}
+	const L, B, P = 300, 3, 37
+	ch := []int{5, 2}
 	r := newRand(11)
 	filt := [][]float32{decayingFilter(r, ch[0], L, 100), decayingFilter(r, ch[1], L, 100)}
-	var outs [][]float32
-	for _, threads := range []int{1, 4} {
-		for _, mode := range []Mode{Flash} {
-			o, err := NewOnline(OnlineConfig{Mode: mode, B: B, LMax: L, Channels: ch, Filters: filt, Threads: threads, FFTTile: 16})
+	for _, mode := range []Mode{Lazy, Eager, Flash} {
+		var outs [][]float32
+		for _, threads := range []int{1, 4} {
+			o, err := NewOnline(OnlineConfig{Mode: mode, B: B, LMax: L, Channels: ch, Filters: filt, Threads: threads, FFTTile: 8})
 			if err != nil {
 				t.Fatal(err)
 			}
+			o.parWork = 1
 			rr := newRand(12)
 			var all []float32
-			for range L {
+			for l, C := range ch {
+				x := randF32(rr, B*C*P)
+				y := make([]float32, B*C*P)
+				if err := o.Prefill(l, y, x); err != nil {
+					t.Fatal(err)
+				}
+				all = append(all, y...)
+			}
+			for range L - P {
 				for l, C := range ch {
 					x := randF32(rr, B*C)
 					y := make([]float32, B*C)
@@ -450,10 +460,10 @@ func TestOnlineThreadsDeterministic(t *testing.T) {
 			}
 			outs = append(outs, all)
 		}
-	}
-	for i := range outs[0] {
-		if outs[0][i] != outs[1][i] {
-			t.Fatalf("output %d: %v with 1 thread, %v with 4", i, outs[0][i], outs[1][i])
+		for i := range outs[0] {
+			if outs[0][i] != outs[1][i] {
+				t.Fatalf("%v: output %d: %v with 1 thread, %v with 4", mode, i, outs[0][i], outs[1][i])
+			}
 		}
 	}
 }
