@@ -107,6 +107,10 @@ type Stats struct {
 // network, which the caller computes between the calls, so the layers of
 // one position are fed in order 0..M-1 before the next position starts.
 //
+// A Hyena layer of order N > 2 chains N-1 long convolutions; give each
+// its own layer here, in the order the model applies them. Their tiles
+// are still computed together.
+//
 // Prompts go through Prefill, which computes P positions at once by FFT.
 //
 // State is one float32 buffer laid out [layer][batch][channel][LMax]: for
@@ -318,6 +322,9 @@ func (o *Online) Pos() int { return o.pos }
 // Layers returns the number of layers M.
 func (o *Online) Layers() int { return len(o.ch) }
 
+// Capacity returns LMax, the number of positions the Online can hold.
+func (o *Online) Capacity() int { return o.L }
+
 // Stats returns the time and tile counts accumulated since construction
 // or the last ResetStats.
 func (o *Online) Stats() Stats { return o.stats }
@@ -358,24 +365,17 @@ func (o *Online) Step(layer int, y, x []float32) error {
 	x, y = x[:n], y[:n]
 	switch o.mode {
 	case Lazy:
-		o.forRows(n, n*(i+1), func(lo, hi int) {
-			for r := lo; r < hi; r++ {
-				row := rows[r*L : r*L+i+1]
-				row[i] = x[r]
-				f := int(o.filtOf[first+r])
-				y[r] = dot(row, o.hrev[f*L+L-1-i:])
-			}
-		})
+		if o.parallel(n * (i + 1)) {
+			goFor(n, o.threads, func(lo, hi int) { o.lazyRows(layer, y, x, lo, hi) })
+		} else {
+			o.lazyRows(layer, y, x, 0, n)
+		}
 	case Eager:
-		o.forRows(n, n*(L-i), func(lo, hi int) {
-			for r := lo; r < hi; r++ {
-				row := rows[r*L : (r+1)*L]
-				f := int(o.filtOf[first+r])
-				y[r] = row[i] + o.h0[f]*x[r]
-				row[i] = x[r]
-				axpy(row[i+1:], x[r], o.h[f*L+1:])
-			}
-		})
+		if o.parallel(n * (L - i)) {
+			goFor(n, o.threads, func(lo, hi int) { o.eagerRows(layer, y, x, lo, hi) })
+		} else {
+			o.eagerRows(layer, y, x, 0, n)
+		}
 	case Flash:
 		for r := range n {
 			k := r*L + i
@@ -427,14 +427,38 @@ func (o *Online) checkCall(op string, layer int, y, x []float32, p int) error {
 	return nil
 }
 
-// forRows runs fn over [0, n) rows, in parallel when work (multiply-adds)
-// is large enough.
-func (o *Online) forRows(n, work int, fn func(lo, hi int)) {
-	if work < o.parWork || o.threads == 1 {
-		fn(0, n)
-		return
+// parallel reports whether work (multiply-adds) is worth new goroutines.
+func (o *Online) parallel(work int) bool {
+	return o.threads > 1 && work >= o.parWork
+}
+
+// lazyRows stores x_i and computes y_i as a dot product of the history
+// with the reversed filter, for rows [lo, hi) of layer.
+func (o *Online) lazyRows(layer int, y, x []float32, lo, hi int) {
+	L, i := o.L, o.pos
+	rows := o.rows(layer)
+	first := o.rowStart[layer]
+	for r := lo; r < hi; r++ {
+		row := rows[r*L : r*L+i+1]
+		row[i] = x[r]
+		f := int(o.filtOf[first+r])
+		y[r] = dot(row, o.hrev[f*L+L-1-i:])
 	}
-	goFor(n, o.threads, fn)
+}
+
+// eagerRows reads y_i = acc[i] + h[0]·x_i, stores x_i and pushes its
+// contribution into every later accumulator, for rows [lo, hi) of layer.
+func (o *Online) eagerRows(layer int, y, x []float32, lo, hi int) {
+	L, i := o.L, o.pos
+	rows := o.rows(layer)
+	first := o.rowStart[layer]
+	for r := lo; r < hi; r++ {
+		row := rows[r*L : (r+1)*L]
+		f := int(o.filtOf[first+r])
+		y[r] = row[i] + o.h0[f]*x[r]
+		row[i] = x[r]
+		axpy(row[i+1:], x[r], o.h[f*L+1:])
+	}
 }
 
 // tiles computes, for every row of every layer, the flash tile that
@@ -466,10 +490,10 @@ func (o *Online) tiles(i int) {
 			o.directTile(g, tl)
 		}
 	}
-	if work < o.parWork || o.threads == 1 {
-		run(0, 0, R)
-	} else {
+	if o.parallel(work) {
 		goForW(R, o.threads, run)
+	} else {
+		run(0, 0, R)
 	}
 }
 
@@ -607,7 +631,11 @@ func (o *Online) prefillLayer(layer int, y, x []float32, P int) {
 		copy(rows[r*L+p0:r*L+S], x[r*P:(r+1)*P])
 	}
 	if !useFFT {
-		o.forRows(B*C, direct*B*C, func(lo, hi int) {
+		threads := 1
+		if o.parallel(direct * B * C) {
+			threads = o.threads
+		}
+		goFor(B*C, threads, func(lo, hi int) {
 			for r := lo; r < hi; r++ {
 				row := rows[r*L : (r+1)*L]
 				f := int(o.filtOf[first+r])

@@ -570,3 +570,28 @@ func TestMeasureFFTTile(t *testing.T) {
 	}
 	t.Logf("FFT tile crossover on this machine: %d (DefaultFFTTile %d)", u, DefaultFFTTile)
 }
+
+// TestStepDoesNotAllocate checks that generation steps (red cells and
+// tiles, direct and FFT) allocate nothing on the serial path.
+func TestStepDoesNotAllocate(t *testing.T) {
+	const L = 1024
+	r := newRand(17)
+	h := decayingFilter(r, 3, L, 200)
+	for _, mode := range []Mode{Lazy, Eager, Flash} {
+		// Two threads: the steps are too small to go parallel, and the
+		// serial path must not pay for the parallel one.
+		o, err := NewOnline(OnlineConfig{Mode: mode, B: 2, LMax: L, Channels: []int{3}, Filters: [][]float32{h}, Threads: 2, FFTTile: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		x, y := randF32(r, 6), make([]float32, 6)
+		allocs := testing.AllocsPerRun(L-1, func() {
+			if err := o.Step(0, y, x); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if allocs != 0 {
+			t.Errorf("%v: %.2f allocations per step", mode, allocs)
+		}
+	}
+}
