@@ -85,13 +85,20 @@
 // between; mixer time only (go test -run x -bench Mixer -benchtime 1x
 // -longconv.lazymax 17). Development machine, one run:
 //
-//	L       lazy s    flash s   speedup   flash p50/p99/max per position
-//	2^10    0.0020    0.00076      2.7×   0.58µs / 9.8µs / 95µs
-//	2^12    0.030     0.0031       9.6×   0.58µs / 8.5µs / 0.33ms
-//	2^14    0.456     0.0172      26.5×   0.59µs / 10µs / 1.6ms
+//	L       lazy s    flash s   speedup   flash p50 / p99 / max per position
+//	2^10    0.0020    0.00076      2.7×   0.58µs / 9.8µs / 0.09ms
+//	2^11    0.0076    0.00146      5.2×   0.58µs / 8.5µs / 0.17ms
+//	2^12    0.0302    0.00313      9.6×   0.58µs / 8.5µs / 0.33ms
+//	2^13    0.123     0.00693     17.8×   0.58µs / 7.3µs / 0.71ms
+//	2^14    0.456     0.0172      26.5×   0.59µs / 10µs  / 1.6ms
 //	2^15    1.84      0.0362      50.8×   0.56µs / 7.5µs / 3.9ms
 //	2^16    7.29      0.0897      81.3×   0.54µs / 7.5µs / 13ms
 //	2^17   29.3       0.167      175×     0.50µs / 7.3µs / 16ms
+//
+// Repeated runs vary by about 10% on the shared machine (91× at 2^16 in
+// another run). With two goroutines the ratios were the same within
+// noise (90× at 2^16); the second core of the development VM is shared
+// with other work, so the one-goroutine table is the reference.
 //
 // (operation counts predict about 28×, 85× and 150× at 2^14, 2^16 and
 // 2^17; lazy runs at 0.43 ns per multiply-add, the speed of the same
