@@ -96,13 +96,14 @@
 //	2^17   29.3       0.167      175×     0.50µs / 7.3µs / 16ms
 //
 // Repeated runs vary by about 10% on the shared machine (91× at 2^16 in
-// another run). With two goroutines the ratios were the same within
-// noise (90× at 2^16); the second core of the development VM is shared
-// with other work, so the one-goroutine table is the reference.
+// another run). With two goroutines the ratios were much the same (51× at
+// 2^15, 90× at 2^16) apart from runs hit by stalls of tens of
+// milliseconds: the second core of the development VM is shared with
+// other work, so the one-goroutine table is the reference.
 //
-// (operation counts predict about 28×, 85× and 150× at 2^14, 2^16 and
-// 2^17; lazy runs at 0.43 ns per multiply-add, the speed of the same
-// pure-Go dot product in L1, so the baseline is not memory-starved). The
+// Operation counts predict about 28×, 85× and 150× at 2^14, 2^16 and
+// 2^17. Lazy runs at 0.43 ns per multiply-add, the speed of the same
+// pure-Go dot product in L1, so the baseline is not memory-starved. The
 // maximum is the step that computes the largest tile, side L/2.
 //
 // Both modes are pure Go without SIMD assembly; a vectorised dot product
