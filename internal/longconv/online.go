@@ -346,8 +346,9 @@ func (o *Online) rows(l int) []float32 {
 
 // Step feeds layer's conv input at the current position, x laid out
 // [B][C] (x[b·C+c]), and writes the conv output there into y (same
-// layout), without any skip term. Layers are fed in order; after the last
-// layer the position advances (Flash computes its tiles then).
+// layout, and y may be x), without any skip term. Layers are fed in
+// order; after the last layer the position advances (Flash computes its
+// tiles then).
 func (o *Online) Step(layer int, y, x []float32) error {
 	const op = "Step"
 	if err := o.checkCall(op, layer, y, x, 1); err != nil {
@@ -380,8 +381,8 @@ func (o *Online) Step(layer int, y, x []float32) error {
 		for r := range n {
 			k := r*L + i
 			f := o.filtOf[first+r]
-			y[r] = rows[k] + o.h0[f]*x[r]
-			rows[k] = x[r]
+			xr := x[r]
+			rows[k], y[r] = xr, rows[k]+o.h0[f]*xr
 		}
 	}
 	if layer < len(o.ch)-1 {
@@ -440,7 +441,7 @@ func (o *Online) lazyRows(layer int, y, x []float32, lo, hi int) {
 	first := o.rowStart[layer]
 	for r := lo; r < hi; r++ {
 		row := rows[r*L : r*L+i+1]
-		row[i] = x[r]
+		row[i] = x[r] // before y[r] is written: y may be x
 		f := int(o.filtOf[first+r])
 		y[r] = dot(row, o.hrev[f*L+L-1-i:])
 	}
@@ -455,9 +456,9 @@ func (o *Online) eagerRows(layer int, y, x []float32, lo, hi int) {
 	for r := lo; r < hi; r++ {
 		row := rows[r*L : (r+1)*L]
 		f := int(o.filtOf[first+r])
-		y[r] = row[i] + o.h0[f]*x[r]
-		row[i] = x[r]
-		axpy(row[i+1:], x[r], o.h[f*L+1:])
+		xr := x[r]
+		row[i], y[r] = xr, row[i]+o.h0[f]*xr
+		axpy(row[i+1:], xr, o.h[f*L+1:])
 	}
 }
 
@@ -546,7 +547,8 @@ func (o *Online) fftTile1(s *tileScratch, g int, tl tile) {
 
 // Prefill feeds layer's conv inputs for the P positions starting at the
 // current one, x laid out [B][C][P] (channel-major, like Forward), and
-// writes their conv outputs into y (same layout, no skip term). All
+// writes their conv outputs into y (same layout, no skip term; y may be
+// x). All
 // layers must be prefilled in order with the same P before the position
 // advances by P; P = 0 does nothing.
 //

@@ -595,3 +595,45 @@ func TestStepDoesNotAllocate(t *testing.T) {
 		}
 	}
 }
+
+// TestInPlace checks that y may be x in Step and Prefill.
+func TestInPlace(t *testing.T) {
+	const L, B, C, P = 90, 2, 3, 11
+	r := newRand(19)
+	h := decayingFilter(r, C, L, 30)
+	xs := randF32(r, B*C*L)
+	for _, mode := range []Mode{Lazy, Eager, Flash} {
+		var outs [2][]float32
+		for k, inPlace := range []bool{false, true} {
+			o, err := NewOnline(OnlineConfig{Mode: mode, B: B, LMax: L, Channels: []int{C}, Filters: [][]float32{h}, FFTTile: 4})
+			if err != nil {
+				t.Fatal(err)
+			}
+			x := append([]float32(nil), xs[:B*C*P]...)
+			y := x
+			if !inPlace {
+				y = make([]float32, len(x))
+			}
+			if err := o.Prefill(0, y, x); err != nil {
+				t.Fatal(err)
+			}
+			outs[k] = append(outs[k], y...)
+			for i := P; i < L; i++ {
+				x := append([]float32(nil), xs[i*B*C:(i+1)*B*C]...)
+				y := x
+				if !inPlace {
+					y = make([]float32, len(x))
+				}
+				if err := o.Step(0, y, x); err != nil {
+					t.Fatal(err)
+				}
+				outs[k] = append(outs[k], y...)
+			}
+		}
+		for i := range outs[0] {
+			if outs[0][i] != outs[1][i] {
+				t.Fatalf("%v: output %d: %v in place, %v otherwise", mode, i, outs[1][i], outs[0][i])
+			}
+		}
+	}
+}
