@@ -77,7 +77,7 @@ func (m *Model) layerForward(l int) {
 		for b := 0; b < B; b++ {
 			be.Mul(m.row(a.s[o], b), m.v(a, o, b), m.chunkOf(a.zcT, b, k))
 		}
-		causalConv(be, a.y[o], a.s[o], a.hT.Slice(o*DT, DT), B, D, T)
+		m.lc.CausalConv(a.y[o], a.s[o], a.hT.Slice(o*DT, DT), B, D, T)
 		be.ChannelScaleAdd(a.y[o], a.y[o], a.s[o], m.skipT.Slice(o*D, D), B, D, T)
 	}
 	for b := 0; b < B; b++ {
@@ -130,7 +130,7 @@ func (m *Model) layerBackward(l int) {
 		k := n - 1 - o
 		// y[o] = h_o ∗ s[o] + skip_o ⊙ s[o], its gradient in dv.
 		be.Zero(m.ds)
-		causalConvBackward(be, m.ds, m.dhT.Slice(o*DT, DT), dv, a.s[o], a.hT.Slice(o*DT, DT), B, D, T)
+		m.lc.CausalConvBackward(m.ds, m.dhT.Slice(o*DT, DT), dv, a.s[o], a.hT.Slice(o*DT, DT), B, D, T)
 		be.ChannelScaleAddBackward(m.ds, m.dskipT.Slice(o*D, D), dv, a.s[o], m.skipT.Slice(o*D, D), B, D, T)
 		// s[o] = v_o ⊙ x_k.
 		next := m.dv1

@@ -52,6 +52,7 @@ type Model struct {
 	Hooks model.UnitHooks
 
 	be           backend.Backend
+	lc           backend.LongConv
 	units        []model.Range
 	N, nl        int // tokens, local layers
 	nv, chunk    int // padded vocabulary, logit chunk
@@ -114,6 +115,9 @@ func New(be backend.Backend, cfg Config, B, T int, opt Options) (*Model, error) 
 		return nil, err
 	}
 	m.be = be
+	if m.lc, err = longConv(be); err != nil {
+		return nil, err
+	}
 	if !opt.External {
 		n := m.LocalSize()
 		m.Params, m.Grads = be.Alloc(backend.Float32, n), be.Alloc(backend.Float32, n)
