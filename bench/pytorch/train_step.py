@@ -24,7 +24,23 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "internal", "model", "llama", 
 import reference  # noqa: E402  (the shared model code)
 
 
+def require_openblas():
+    """Refuse to run on Debian's reference BLAS: without libopenblas0-pthread
+    torch silently falls back to it, about 25x slower, which would make any
+    comparison meaningless."""
+    a = torch.randn(64, 64)
+    (a @ a).sum().item()  # load the BLAS
+    with open("/proc/self/maps") as f:
+        maps = f.read()
+    if "openblas" not in maps:
+        blas = sorted({l.split()[-1] for l in maps.splitlines() if "blas" in l.lower() and "/" in l})
+        sys.exit("train_step.py: torch is not using OpenBLAS (loaded: %s); "
+                 "install libopenblas0-pthread (apt-get install libopenblas0-pthread) and retry"
+                 % (", ".join(blas) or "no BLAS library"))
+
+
 def main():
+    require_openblas()
     ap = argparse.ArgumentParser(description="PyTorch Llama 3 training-step benchmark")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                     help="torch intra-op threads (default: the CPUs this process may use)")
