@@ -41,9 +41,10 @@ bench-step: build
 bench-comm:
 	bash bench/gloo/compare.sh
 
-## golden: regenerate the PyTorch parity file (needs /usr/bin/python3 with torch).
+## golden: regenerate the PyTorch parity files, llama and hyena (needs /usr/bin/python3 with torch).
 golden:
 	/usr/bin/python3 internal/model/llama/testdata/reference.py
+	/usr/bin/python3 internal/model/hyena/testdata/reference.py
 
 lint: vet fmt
 vet:
