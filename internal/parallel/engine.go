@@ -466,7 +466,6 @@ func (e *engine) reduceCopies() error {
 	for s, spec := range specs {
 		for _, c := range model.StageCopies(e.fam, spec, e.pl.TP) {
 			var mine []backend.Tensor
-			size := 0
 			for _, st := range e.stages {
 				// The copy itself, on the stage that holds it.
 				if st.index == s {
@@ -489,9 +488,8 @@ func (e *engine) reduceCopies() error {
 				}
 			}
 			// Every rank's shard of the tied unit has the same length.
-			lo, hi := comm.ChunkBounds(c.Local.Len(), size0(e.g.Shard), rank0(e.g.Shard))
-			size = hi - lo
-			bufs, n = append(bufs, mine), append(n, size)
+			lo, hi := comm.ChunkBounds(c.Local.Len(), size(e.g.Shard), rank(e.g.Shard))
+			bufs, n = append(bufs, mine), append(n, hi-lo)
 		}
 	}
 	total := 0
@@ -527,14 +525,8 @@ func (e *engine) reduceCopies() error {
 	return nil
 }
 
-func size0(g comm.Group) int {
-	if g == nil {
-		return 1
-	}
-	return g.Size()
-}
-
-func rank0(g comm.Group) int {
+// rank is this rank's place in g (0 for no group).
+func rank(g comm.Group) int {
 	if g == nil {
 		return 0
 	}
