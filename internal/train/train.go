@@ -234,7 +234,7 @@ func checkParallelism(job *config.Job, world int) (*mesh.Mesh, parallel.Pipeline
 	}
 	if v := job.Validation; v.Enable {
 		if v.SeqLen > fam.MaxSeqLen() {
-			return nil, none, fmt.Errorf("validation.seq_len %d exceeds the longest sequence %d of %s flavor %s", v.SeqLen, fam.MaxSeqLen(), job.Model.Name, job.Model.Flavor)
+			return nil, none, fmt.Errorf("validation.seq_len %d exceeds the %s %d of %s flavor %s", v.SeqLen, maxSeqKey(job), fam.MaxSeqLen(), job.Model.Name, job.Model.Flavor)
 		}
 		if err := fam.Check(v.SeqLen, m.TP, m.CP); err != nil {
 			return nil, none, fmt.Errorf("validation.seq_len %d: %w", v.SeqLen, err)
@@ -288,9 +288,17 @@ func ModelFamily(job *config.Job) (model.Family, error) {
 		return nil, fmt.Errorf("model.name %q: titan trains llama3 and hyena models", job.Model.Name)
 	}
 	if T := job.Training.SeqLen; T > fam.MaxSeqLen() {
-		return nil, fmt.Errorf("training.seq_len %d exceeds the longest sequence %d of %s flavor %s", T, fam.MaxSeqLen(), job.Model.Name, job.Model.Flavor)
+		return nil, fmt.Errorf("training.seq_len %d exceeds the %s %d of %s flavor %s", T, maxSeqKey(job), fam.MaxSeqLen(), job.Model.Name, job.Model.Flavor)
 	}
 	return fam, nil
+}
+
+// maxSeqKey names the flavor key that bounds the sequence length.
+func maxSeqKey(job *config.Job) string {
+	if job.Model.Name == "hyena" {
+		return "l_max"
+	}
+	return "max_seq_len"
 }
 
 // checkMemory refuses a job that cannot fit before anything large is
