@@ -325,7 +325,7 @@ func (g *Generator) Step(tokens []int32) ([]float32, error) {
 	for l := 0; l < c.NLayer; l++ {
 		s.Pre(l, &g.state[l], g.a, g.u)
 		for o := 0; o < O; o++ {
-			if err := g.conv(l*O+o); err != nil {
+			if err := g.conv(l*O + o); err != nil {
 				return nil, err
 			}
 			if o < O-1 {

@@ -39,8 +39,8 @@ func (m *Model) StepState(l int, st *LayerState) error {
 		return nil
 	}
 	be.Zero(st.Conv)
-	keep := min(K-1, T) // positions of the prompt the state holds
-	zT := m.layers[l].zT  // [B, (Order+1)·D, T]
+	keep := min(K-1, T)  // positions of the prompt the state holds
+	zT := m.layers[l].zT // [B, (Order+1)·D, T]
 	for i := 0; i <= n; i++ {
 		for b := 0; b < B; b++ {
 			for d := 0; d < D; d++ {
