@@ -26,8 +26,8 @@ import (
 
 func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:     "bench",
-		Short:   "Benchmarks of titan's building blocks",
+		Use:   "bench",
+		Short: "Benchmarks of titan's building blocks",
 		Example: `  titan bench comm --op allreduce --size 64MiB --nproc 2
   titan bench generate --recipe recipes/hyena_debug.toml --length 4096 --mode lazy,flash`,
 	}
