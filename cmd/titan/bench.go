@@ -174,7 +174,7 @@ time against length on log-log axes as a PNG.`,
 			if err != nil {
 				return err
 			}
-			cfg, flat, desc, err := benchModel(&rf, ckpt)
+			cfg, flat, name, err := benchModel(&rf, ckpt)
 			if err != nil {
 				return err
 			}
@@ -192,7 +192,7 @@ time against length on log-log axes as a PNG.`,
 			}
 			out := cmd.OutOrStdout()
 			if !asJSON {
-				fmt.Fprintf(out, "%s, batch %d, prompt %d, %d threads, flash FFT tiles from side %d\n", desc, batch, prompt, be.Threads(), fftTile)
+				fmt.Fprintf(out, "%s: %s, batch %d, prompt %d, %d threads, flash FFT tiles from side %d\n", name, cfg, batch, prompt, be.Threads(), fftTile)
 				fmt.Fprintf(out, "%-6s %8s %10s %10s %10s %7s %9s %9s %11s\n", "mode", "length", "mixer_s", "other_s", "total_s", "mixer%", "p50_ms", "p99_ms", "tokens/s")
 			}
 			enc := json.NewEncoder(out)
@@ -213,13 +213,13 @@ time against length on log-log axes as a PNG.`,
 			if !asJSON {
 				printSpeedups(out, results)
 			}
-			var notes []string
+			var cut int
 			if len(skipped) > 0 {
-				notes = append(notes, fmt.Sprintf("lazy/eager skipped above L=%d", slowMax))
+				cut = slowMax
 				fmt.Fprintf(stderr, "bench generate: %d runs skipped above --slow-max %d\n", len(skipped), slowMax)
 			}
 			if plotFile != "" {
-				notes = append([]string{desc, fmt.Sprintf("batch %d, prompt %d, %d threads", batch, prompt, be.Threads()), "solid: total, dashed: mixer"}, notes...)
+				notes := benchNotes(cfg, name, batch, prompt, be.Threads(), fftTile, cut)
 				f, err := os.Create(plotFile)
 				if err != nil {
 					return fmt.Errorf("--plot: %w", err)
@@ -295,8 +295,8 @@ func benchLengths(list string, length int, sweep bool) ([]int, error) {
 }
 
 // benchModel is the model bench generate times: --checkpoint's, or the
-// recipe's initialised from training.seed. desc describes it.
-func benchModel(rf *recipeFlags, ckpt string) (cfg hyena.Config, flat []float32, desc string, err error) {
+// recipe's initialised from training.seed; name says which.
+func benchModel(rf *recipeFlags, ckpt string) (cfg hyena.Config, flat []float32, name string, err error) {
 	if ckpt != "" {
 		m, err := modelfile.Load(ckpt)
 		if err != nil {
@@ -305,7 +305,7 @@ func benchModel(rf *recipeFlags, ckpt string) (cfg hyena.Config, flat []float32,
 		if m.Desc.Name != "hyena" {
 			return cfg, nil, "", fmt.Errorf("--checkpoint %s holds a %s model: bench generate times hyena models", ckpt, m.Desc.Name)
 		}
-		return *m.Desc.Hyena, m.Params, m.Desc.Hyena.String(), nil
+		return *m.Desc.Hyena, m.Params, "checkpoint " + m.Dir, nil
 	}
 	job, err := rf.load()
 	if err != nil {
@@ -325,7 +325,23 @@ func benchModel(rf *recipeFlags, ckpt string) (cfg hyena.Config, flat []float32,
 	}
 	flat = make([]float32, cfg.NumParams())
 	hyena.InitParams(cfg, s, flat, 0)
-	return cfg, flat, fmt.Sprintf("flavor %s: %s", job.Model.Flavor, cfg), nil
+	return cfg, flat, "flavor " + job.Model.Flavor, nil
+}
+
+// benchNotes are the lines under a bench generate chart's legend: the
+// model, the run's settings and, when cut > 0, the cutoff of the slow
+// modes.
+func benchNotes(cfg hyena.Config, name string, batch, prompt, threads, fftTile, cut int) []string {
+	notes := []string{
+		name,
+		fmt.Sprintf("d_model %d, %d layers, order %d, vocab %d", cfg.DModel, cfg.NLayer, cfg.Order, cfg.VocabSize),
+		fmt.Sprintf("batch %d, prompt %d, threads %d, FFT tiles from %d", batch, prompt, threads, fftTile),
+		"solid: total, dashed: mixer",
+	}
+	if cut > 0 {
+		notes = append(notes, fmt.Sprintf("lazy and eager skipped above L=%d", cut))
+	}
+	return notes
 }
 
 // printSpeedups prints flash's speedup over the other modes at every

@@ -13,6 +13,7 @@ import (
 	"io"
 	"math"
 	"strconv"
+	"strings"
 )
 
 // Series is one line of a chart.
@@ -189,14 +190,21 @@ func (p LogLog) Render() (*image.RGBA, error) {
 	c.rect(0, 0, W, H, white)
 	const scale = 2
 	lineH := (glyphH + 4) * scale
-	right := 0 // the legend's and notes' width, beside the plot area
+	// The legend and the notes go right of the plot area, in at most a
+	// third of the width; longer notes are wrapped.
+	right := 0
 	for _, s := range p.Series {
 		right = max(right, 64+textWidth(s.Label, scale))
 	}
+	var notes []string
+	maxChars := (W/3 - 40) / (glyphAdv * scale)
 	for _, n := range p.Notes {
+		notes = append(notes, wrap(n, maxChars)...)
+	}
+	for _, n := range notes {
 		right = max(right, 16+textWidth(n, scale))
 	}
-	right = min(right+24, W/2)
+	right = min(right+24, W/3+24)
 	left, top, bottom := 110, 60, 80
 	x0, x1, y0, y1 := left, W-right, top, H-bottom // plot area, y0 at the top
 	px := func(v float64) float64 { return float64(x0) + (math.Log10(v)-lx0)/(lx1-lx0)*float64(x1-x0) }
@@ -274,11 +282,33 @@ func (p LogLog) Render() (*image.RGBA, error) {
 		ly += lineH + 4
 	}
 	ly += lineH
-	for _, n := range p.Notes {
+	for _, n := range notes {
 		c.text(x1+16, ly, n, scale, gray)
 		ly += lineH
 	}
 	return img, nil
+}
+
+// wrap splits s into lines of at most n runes at spaces (a longer word
+// gets a line of its own).
+func wrap(s string, n int) []string {
+	var lines []string
+	line := ""
+	for _, w := range strings.Fields(s) {
+		switch {
+		case line == "":
+			line = w
+		case len([]rune(line))+1+len([]rune(w)) <= n:
+			line += " " + w
+		default:
+			lines = append(lines, line)
+			line = w
+		}
+	}
+	if line != "" {
+		lines = append(lines, line)
+	}
+	return lines
 }
 
 // tickLabel writes v compactly: "2^k" on a base-2 axis, else plain

@@ -89,3 +89,14 @@ func TestTickLabel(t *testing.T) {
 		}
 	}
 }
+
+func TestWrap(t *testing.T) {
+	got := wrap("d_model 32, 2 layers, order 2, batch 1", 12)
+	want := []string{"d_model 32,", "2 layers,", "order 2,", "batch 1"}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Errorf("wrap = %q, want %q", got, want)
+	}
+	if got := wrap("", 5); len(got) != 0 {
+		t.Errorf("wrap of nothing = %q", got)
+	}
+}
