@@ -250,6 +250,8 @@ func (g *Generator) ResetStats() {
 // start the sequences (position 0; Reset first to reuse a Generator) and
 // leave room: P ≤ L. P = 0 does nothing and returns nil logits (see the
 // package documentation). The logits are overwritten by the next call.
+// The call allocates the training forward's activations for B×P tokens
+// (a hyena.Model of that shape), released when it returns.
 func (g *Generator) Prefill(tokens []int32) ([]float32, error) {
 	B, c := g.opt.B, g.Cfg
 	if len(tokens)%B != 0 {
