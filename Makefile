@@ -4,7 +4,7 @@ BIN     ?= bin/titan
 RECIPE  ?= recipes/llama3_debug.toml
 PKGS    := ./...
 
-.PHONY: all build train test test-race bench bench-gemm bench-step bench-comm lint fmt vet clean golden
+.PHONY: all build train test test-race bench bench-gemm bench-step bench-comm bench-generate lint fmt vet clean golden
 
 all: build
 
@@ -40,6 +40,13 @@ bench-step: build
 ## bench-comm: allreduce bus bandwidth against PyTorch's Gloo, side by side.
 bench-comm:
 	bash bench/gloo/compare.sh
+
+## bench-generate: Hyena generation, flash against lazy and eager long
+## convolutions, 2^10..2^17 positions (about 10 minutes; bench/generate).
+bench-generate: build
+	./$(BIN) bench generate --recipe recipes/hyena_debug.toml --set model.flavor=long \
+		--length 131072 --mode lazy,eager,flash --threads 1 --slow-max 131072 \
+		--plot bench/generate/time_vs_length.png
 
 ## golden: regenerate the PyTorch parity files, llama and hyena (needs /usr/bin/python3 with torch).
 golden:

@@ -8,10 +8,13 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/backend/cpu"
 	"github.com/titan-go/titan/internal/checkpoint"
 	"github.com/titan-go/titan/internal/evaluate"
 	"github.com/titan-go/titan/internal/generate"
+	"github.com/titan-go/titan/internal/generate/hyenagen"
+	"github.com/titan-go/titan/internal/longconv"
 	"github.com/titan-go/titan/internal/model/llama"
 	"github.com/titan-go/titan/internal/modelfile"
 )
@@ -107,24 +110,48 @@ The loss is the mean over every predicted token of every sequence.`,
 }
 
 func newGenerateCmd() *cobra.Command {
-	var ckpt, prompt string
-	var maxNew, topK, threads int
+	var ckpt, prompt, mode string
+	var maxNew, topK, threads, batch int
 	var temperature, topP float64
 	var seed uint64
 	cmd := &cobra.Command{
 		Use:   "generate",
 		Short: "Sample text from a checkpoint",
-		Long:  "Sample a continuation of a prompt with a key/value cache, printing tokens as they come.",
+		Long: `Sample a continuation of a prompt, printing tokens as they come.
+
+A llama3 checkpoint generates with a key/value cache. A hyena checkpoint
+prefills the prompt (BOS first) in one parallel pass and then runs one
+position at a time, its long convolutions computed online by --mode: lazy
+(a dot product over the history per token), eager (each input pushed into
+every later position) or flash (Flash Inference's relaxed tiling,
+O(L log² L)); all three give the same text up to float32 rounding.
+--batch N samples N continuations of the prompt together, sequence i with
+seed --seed + i, and prints each when all are done.`,
 		Example: `  titan generate --checkpoint outputs/checkpoint --prompt "func main() {"
-  titan generate --checkpoint outputs/checkpoint --prompt "package" --temperature 0.8 --top-k 40 --seed 3`,
+  titan generate --checkpoint outputs/checkpoint --prompt "package" --temperature 0.8 --top-k 40 --seed 3
+  titan generate --checkpoint outputs/hyena_debug/checkpoint --prompt "package" --mode flash --batch 4`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			m, err := modelfile.Load(ckpt)
 			if err != nil {
 				return err
 			}
+			if batch < 1 {
+				return fmt.Errorf("--batch %d must be positive", batch)
+			}
 			if m.Desc.Name == "hyena" {
-				return fmt.Errorf("%s holds a hyena model: %s is not supported for hyena yet", ckpt, cmd.Name())
+				lmode, err := hyenagen.ParseMode(mode)
+				if err != nil {
+					return fmt.Errorf("--mode: %w", err)
+				}
+				return hyenaGenerate(cmd, m, hyenaGenOptions{prompt: prompt, mode: lmode, batch: batch, maxNew: maxNew, threads: threads,
+					temperature: temperature, topK: topK, topP: topP, seed: seed})
+			}
+			if mode != "flash" {
+				return fmt.Errorf("--mode %q: %s holds a %s model, which generates with a key/value cache; --mode applies to hyena checkpoints", mode, ckpt, m.Desc.Name)
+			}
+			if batch != 1 {
+				return fmt.Errorf("--batch %d: %s holds a %s model, which generates one sequence at a time; --batch applies to hyena checkpoints", batch, ckpt, m.Desc.Name)
 			}
 			s, err := generate.NewSampler(temperature, topK, topP, seed)
 			if err != nil {
@@ -160,10 +187,79 @@ func newGenerateCmd() *cobra.Command {
 	f.Float64Var(&temperature, "temperature", 0.8, "sampling temperature (0: greedy)")
 	f.IntVar(&topK, "top-k", 0, "sample among the k most likely tokens (0: all)")
 	f.Float64Var(&topP, "top-p", 0.95, "nucleus sampling threshold (1: off)")
-	f.Uint64Var(&seed, "seed", 0, "sampling seed")
+	f.Uint64Var(&seed, "seed", 0, "sampling seed (sequence i of a batch uses seed+i)")
 	f.IntVar(&threads, "threads", 0, "CPU threads (0: all)")
+	f.StringVar(&mode, "mode", "flash", "hyena only: how the long convolutions run, lazy, eager or flash")
+	f.IntVar(&batch, "batch", 1, "hyena only: continuations of the prompt sampled together")
 	cmd.MarkFlagRequired("checkpoint")
 	return cmd
+}
+
+// hyenaGenOptions are titan generate's settings for a hyena checkpoint.
+type hyenaGenOptions struct {
+	prompt                 string
+	mode                   longconv.Mode
+	batch, maxNew, threads int
+	temperature, topP      float64
+	topK                   int
+	seed                   uint64
+}
+
+// hyenaGenerate samples o.batch continuations of the prompt from the
+// hyena model m: one sequence streams as it comes, several are printed
+// one after the other at the end.
+func hyenaGenerate(cmd *cobra.Command, m *modelfile.Model, o hyenaGenOptions) error {
+	cfg, tok := *m.Desc.Hyena, m.Tokenizer
+	ids := tok.Encode(o.prompt)
+	if b := tok.BOS(); b >= 0 {
+		ids = append([]int{b}, ids...)
+	}
+	if len(ids) == 0 {
+		return fmt.Errorf("--prompt is empty and the tokenizer has no BOS token to start from")
+	}
+	P := len(ids)
+	L := min(P+o.maxNew, cfg.LMax)
+	if P >= L {
+		return fmt.Errorf("prompt of %d tokens leaves no room under the hyena model's l_max %d", P, cfg.LMax)
+	}
+	samplers := make([]*generate.Sampler, o.batch)
+	for i := range samplers {
+		s, err := generate.NewSampler(o.temperature, o.topK, o.topP, o.seed+uint64(i))
+		if err != nil {
+			return err
+		}
+		samplers[i] = s
+	}
+	be := cpu.New(o.threads)
+	defer be.Close()
+	params := be.Alloc(backend.Float32, len(m.Params))
+	be.Upload(params, m.Params)
+	g, err := hyenagen.New(be, cfg, params, hyenagen.Options{Mode: o.mode, B: o.batch, L: L, Threads: o.threads})
+	if err != nil {
+		return err
+	}
+	prompt := make([]int32, P)
+	for i, id := range ids {
+		prompt[i] = int32(id)
+	}
+	out := cmd.OutOrStdout()
+	var emit func(row, token int)
+	if o.batch == 1 {
+		fmt.Fprint(out, o.prompt)
+		ts := generate.NewTextStream(tok, func(text string) { fmt.Fprint(out, text) })
+		defer func() { ts.Flush(); fmt.Fprintln(out) }()
+		emit = func(_, token int) { ts.Add(token) }
+	}
+	rows, err := g.Sample(prompt, L-P, samplers, tok.EOS(), emit)
+	if err != nil {
+		return err
+	}
+	if o.batch > 1 {
+		for i, r := range rows {
+			fmt.Fprintf(out, "--- sequence %d (seed %d) ---\n%s%s\n", i, o.seed+uint64(i), o.prompt, tok.Decode(r))
+		}
+	}
+	return nil
 }
 
 func newCheckpointCmd() *cobra.Command {

@@ -97,31 +97,59 @@ func Run(in *llama.Inference, tok tokenizer.Tokenizer, prompt string, maxNew int
 	for i, id := range ids {
 		feed[i] = int32(id)
 	}
-	var out []int
-	printed := 0
-	for len(out) < maxNew {
+	ts := NewTextStream(tok, emit)
+	for len(ts.IDs()) < maxNew {
 		logits, err := in.Next(feed)
 		if err != nil {
-			return out, err
+			return ts.IDs(), err
 		}
 		next := s.Sample(logits)
 		if next == tok.EOS() {
 			break
 		}
-		out = append(out, next)
-		text := tok.Decode(out)
-		end := len(text)
-		for end > printed && !utf8.ValidString(text[printed:end]) && len(text)-end < utf8.UTFMax {
-			end--
-		}
-		if end > printed && utf8.ValidString(text[printed:end]) {
-			emit(text[printed:end])
-			printed = end
-		}
+		ts.Add(next)
 		feed = []int32{int32(next)}
 	}
-	if text := tok.Decode(out); len(text) > printed {
-		emit(text[printed:])
-	}
-	return out, nil
+	ts.Flush()
+	return ts.IDs(), nil
 }
+
+// TextStream turns generated token ids into text as it becomes
+// printable: emit receives each new piece, never a partial UTF-8
+// sequence except at Flush.
+type TextStream struct {
+	tok     tokenizer.Tokenizer
+	emit    func(string)
+	ids     []int
+	printed int
+}
+
+// NewTextStream returns a stream decoding with tok into emit.
+func NewTextStream(tok tokenizer.Tokenizer, emit func(string)) *TextStream {
+	return &TextStream{tok: tok, emit: emit}
+}
+
+// Add appends a token and emits the text that became printable.
+func (t *TextStream) Add(id int) {
+	t.ids = append(t.ids, id)
+	text := t.tok.Decode(t.ids)
+	end := len(text)
+	for end > t.printed && !utf8.ValidString(text[t.printed:end]) && len(text)-end < utf8.UTFMax {
+		end--
+	}
+	if end > t.printed && utf8.ValidString(text[t.printed:end]) {
+		t.emit(text[t.printed:end])
+		t.printed = end
+	}
+}
+
+// Flush emits whatever text is left, valid UTF-8 or not.
+func (t *TextStream) Flush() {
+	if text := t.tok.Decode(t.ids); len(text) > t.printed {
+		t.emit(text[t.printed:])
+		t.printed = len(text)
+	}
+}
+
+// IDs returns the tokens added so far.
+func (t *TextStream) IDs() []int { return t.ids }

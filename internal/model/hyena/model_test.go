@@ -73,6 +73,8 @@ func TestFlavors(t *testing.T) {
 	}{
 		{"tiny", 7_216, 64},
 		{"debug", 361_664, 2048},
+		// The narrow long-filter model of titan bench generate.
+		{"long", 1_355_744, 512},
 		// safari's hyena-small: about 153M with the tied embedding.
 		{"small", 153_700_416, 50264},
 	} {

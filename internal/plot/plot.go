@@ -1,0 +1,325 @@
+// Package plot draws small line charts as PNG images with the standard
+// library alone: log-log axes, one polyline per series (solid or
+// dashed), a legend, and labels in a built-in 5×7 bitmap font (capital
+// letters, digits, common punctuation).
+package plot
+
+import (
+	"errors"
+	"fmt"
+	"image"
+	"image/color"
+	"image/png"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+)
+
+// Series is one line of a chart.
+type Series struct {
+	// Label names the series in the legend.
+	Label string
+	// X and Y are the points, the same number of each, all positive on
+	// log axes.
+	X, Y []float64
+	// Color draws the line and its markers.
+	Color color.RGBA
+	// Dashed draws the line dashed.
+	Dashed bool
+}
+
+// LogLog is a chart with logarithmic axes.
+type LogLog struct {
+	Title, XLabel, YLabel string
+	// Notes are extra lines printed under the legend.
+	Notes  []string
+	Series []Series
+	// Width and Height of the image in pixels (0: 1000 × 640).
+	Width, Height int
+	// XBase2 labels the x axis at powers of two ("2^10"), else at
+	// powers of ten.
+	XBase2 bool
+}
+
+// Palette holds distinct colors for series.
+var Palette = []color.RGBA{
+	{0xd6, 0x27, 0x28, 0xff}, // red
+	{0x2c, 0xa0, 0x2c, 0xff}, // green
+	{0x1f, 0x77, 0xb4, 0xff}, // blue
+	{0xff, 0x7f, 0x0e, 0xff}, // orange
+	{0x94, 0x67, 0xbd, 0xff}, // purple
+	{0x8c, 0x56, 0x4b, 0xff}, // brown
+}
+
+var (
+	white = color.RGBA{0xff, 0xff, 0xff, 0xff}
+	black = color.RGBA{0x20, 0x20, 0x20, 0xff}
+	grid  = color.RGBA{0xe2, 0xe2, 0xe2, 0xff}
+	gray  = color.RGBA{0x70, 0x70, 0x70, 0xff}
+)
+
+// WritePNG renders the chart and encodes it to w.
+func (p LogLog) WritePNG(w io.Writer) error {
+	img, err := p.Render()
+	if err != nil {
+		return err
+	}
+	return png.Encode(w, img)
+}
+
+// canvas is an image with drawing helpers.
+type canvas struct{ *image.RGBA }
+
+func (c canvas) set(x, y int, col color.RGBA) {
+	if image.Pt(x, y).In(c.Rect) {
+		c.SetRGBA(x, y, col)
+	}
+}
+
+// rect fills [x0, x1) × [y0, y1).
+func (c canvas) rect(x0, y0, x1, y1 int, col color.RGBA) {
+	for y := y0; y < y1; y++ {
+		for x := x0; x < x1; x++ {
+			c.set(x, y, col)
+		}
+	}
+}
+
+// line draws a line of the given width from (x0, y0) to (x1, y1); with
+// dash > 0 it is dashed, dash pixels on and dash/2 off, the pattern
+// continuing from *phase (the length drawn so far).
+func (c canvas) line(x0, y0, x1, y1 float64, width int, col color.RGBA, dash int, phase *float64) {
+	dx, dy := x1-x0, y1-y0
+	n := int(math.Ceil(math.Max(math.Abs(dx), math.Abs(dy))))
+	if n == 0 {
+		n = 1
+	}
+	step := math.Hypot(dx, dy) / float64(n)
+	r := width / 2
+	for i := 0; i <= n; i++ {
+		if dash > 0 {
+			on := math.Mod(*phase, float64(dash+dash/2)) < float64(dash)
+			*phase += step
+			if !on {
+				continue
+			}
+		}
+		x := int(math.Round(x0 + dx*float64(i)/float64(n)))
+		y := int(math.Round(y0 + dy*float64(i)/float64(n)))
+		c.rect(x-r, y-r, x-r+width, y-r+width, col)
+	}
+}
+
+// text draws s with its top-left corner at (x, y).
+func (c canvas) text(x, y int, s string, scale int, col color.RGBA) {
+	for _, r := range s {
+		g := glyphOf(r)
+		for row := 0; row < glyphH; row++ {
+			for k := 0; k < glyphW; k++ {
+				if g[row][k] == '#' {
+					c.rect(x+k*scale, y+row*scale, x+(k+1)*scale, y+(row+1)*scale, col)
+				}
+			}
+		}
+		x += glyphAdv * scale
+	}
+}
+
+// vtext draws s rotated a quarter turn counter-clockwise, reading
+// upwards, with its glyphs' left edge at x and the text ending at y.
+func (c canvas) vtext(x, y int, s string, scale int, col color.RGBA) {
+	for _, r := range s {
+		g := glyphOf(r)
+		for row := 0; row < glyphH; row++ {
+			for k := 0; k < glyphW; k++ {
+				if g[row][k] == '#' {
+					// Glyph column k goes up, row goes right.
+					c.rect(x+row*scale, y-(k+1)*scale, x+(row+1)*scale, y-k*scale, col)
+				}
+			}
+		}
+		y -= glyphAdv * scale
+	}
+}
+
+// Render draws the chart.
+func (p LogLog) Render() (*image.RGBA, error) {
+	W, H := p.Width, p.Height
+	if W == 0 {
+		W = 1000
+	}
+	if H == 0 {
+		H = 640
+	}
+	if len(p.Series) == 0 {
+		return nil, errors.New("plot: no series")
+	}
+	xmin, xmax := math.Inf(1), math.Inf(-1)
+	ymin, ymax := math.Inf(1), math.Inf(-1)
+	for _, s := range p.Series {
+		if len(s.X) != len(s.Y) {
+			return nil, fmt.Errorf("plot: series %q has %d x and %d y values", s.Label, len(s.X), len(s.Y))
+		}
+		for i := range s.X {
+			if !(s.X[i] > 0) || !(s.Y[i] > 0) || math.IsInf(s.X[i], 0) || math.IsInf(s.Y[i], 0) {
+				return nil, fmt.Errorf("plot: series %q: point (%g, %g) cannot go on log axes", s.Label, s.X[i], s.Y[i])
+			}
+			xmin, xmax = math.Min(xmin, s.X[i]), math.Max(xmax, s.X[i])
+			ymin, ymax = math.Min(ymin, s.Y[i]), math.Max(ymax, s.Y[i])
+		}
+	}
+	if math.IsInf(xmin, 1) {
+		return nil, errors.New("plot: no points")
+	}
+	// Axis ranges: x exactly the data's (a little wider for one value),
+	// y out to whole decades.
+	lx0, lx1 := math.Log10(xmin), math.Log10(xmax)
+	if lx1-lx0 < 1e-9 {
+		lx0, lx1 = lx0-0.5, lx1+0.5
+	}
+	pad := (lx1 - lx0) * 0.03
+	lx0, lx1 = lx0-pad, lx1+pad
+	ly0, ly1 := math.Floor(math.Log10(ymin)), math.Ceil(math.Log10(ymax))
+	if ly1-ly0 < 1 {
+		ly1 = ly0 + 1
+	}
+
+	img := image.NewRGBA(image.Rect(0, 0, W, H))
+	c := canvas{img}
+	c.rect(0, 0, W, H, white)
+	const scale = 2
+	lineH := (glyphH + 4) * scale
+	// The legend and the notes go right of the plot area, in at most a
+	// third of the width; longer notes are wrapped.
+	right := 0
+	for _, s := range p.Series {
+		right = max(right, 64+textWidth(s.Label, scale))
+	}
+	var notes []string
+	maxChars := (W/3 - 40) / (glyphAdv * scale)
+	for _, n := range p.Notes {
+		notes = append(notes, wrap(n, maxChars)...)
+	}
+	for _, n := range notes {
+		right = max(right, 16+textWidth(n, scale))
+	}
+	right = min(right+24, W/3+24)
+	left, top, bottom := 110, 60, 80
+	x0, x1, y0, y1 := left, W-right, top, H-bottom // plot area, y0 at the top
+	px := func(v float64) float64 { return float64(x0) + (math.Log10(v)-lx0)/(lx1-lx0)*float64(x1-x0) }
+	py := func(v float64) float64 { return float64(y1) - (math.Log10(v)-ly0)/(ly1-ly0)*float64(y1-y0) }
+
+	// Grid and tick labels.
+	var xt []float64
+	if p.XBase2 {
+		k0, k1 := int(math.Ceil(lx0/math.Log10(2))), int(math.Floor(lx1/math.Log10(2)))
+		every := max(1, (k1-k0+1)/10)
+		for k := k0; k <= k1; k += every {
+			xt = append(xt, math.Pow(2, float64(k)))
+		}
+	} else {
+		for k := math.Ceil(lx0); k <= lx1; k++ {
+			xt = append(xt, math.Pow(10, k))
+		}
+	}
+	for _, v := range xt {
+		x := int(math.Round(px(v)))
+		c.rect(x, y0, x+1, y1, grid)
+		c.rect(x, y1, x+1, y1+6, black)
+		lbl := tickLabel(v, p.XBase2)
+		c.text(x-textWidth(lbl, scale)/2, y1+12, lbl, scale, black)
+	}
+	for k := ly0; k <= ly1; k++ {
+		v := math.Pow(10, k)
+		y := int(math.Round(py(v)))
+		c.rect(x0, y, x1, y+1, grid)
+		c.rect(x0-6, y, x0, y+1, black)
+		lbl := tickLabel(v, false)
+		c.text(x0-10-textWidth(lbl, scale), y-glyphH*scale/2, lbl, scale, black)
+		if k < ly1 { // minor ticks at 2..9 × 10^k
+			for m := 2; m <= 9; m++ {
+				ym := int(math.Round(py(float64(m) * v)))
+				c.rect(x0-3, ym, x0, ym+1, black)
+			}
+		}
+	}
+	// Frame.
+	c.rect(x0, y0, x1+1, y0+1, black)
+	c.rect(x0, y1, x1+1, y1+1, black)
+	c.rect(x0, y0, x0+1, y1, black)
+	c.rect(x1, y0, x1+1, y1, black)
+
+	// Series.
+	for _, s := range p.Series {
+		dash := 0
+		if s.Dashed {
+			dash = 10
+		}
+		var phase float64
+		for i := 1; i < len(s.X); i++ {
+			c.line(px(s.X[i-1]), py(s.Y[i-1]), px(s.X[i]), py(s.Y[i]), 3, s.Color, dash, &phase)
+		}
+		for i := range s.X {
+			x, y := int(math.Round(px(s.X[i]))), int(math.Round(py(s.Y[i])))
+			c.rect(x-3, y-3, x+4, y+4, s.Color)
+		}
+	}
+
+	// Title, axis labels, legend, notes.
+	c.text((W-textWidth(p.Title, scale))/2, 20, p.Title, scale, black)
+	c.text(x0+(x1-x0-textWidth(p.XLabel, scale))/2, H-bottom+44, p.XLabel, scale, black)
+	c.vtext(20, y0+(y1-y0+textWidth(p.YLabel, scale))/2, p.YLabel, scale, black)
+	ly := y0 + 4
+	for _, s := range p.Series {
+		var phase float64
+		dash := 0
+		if s.Dashed {
+			dash = 10
+		}
+		c.line(float64(x1+16), float64(ly+glyphH*scale/2), float64(x1+56), float64(ly+glyphH*scale/2), 3, s.Color, dash, &phase)
+		c.text(x1+64, ly, s.Label, scale, black)
+		ly += lineH + 4
+	}
+	ly += lineH
+	for _, n := range notes {
+		c.text(x1+16, ly, n, scale, gray)
+		ly += lineH
+	}
+	return img, nil
+}
+
+// wrap splits s into lines of at most n runes at spaces (a longer word
+// gets a line of its own).
+func wrap(s string, n int) []string {
+	var lines []string
+	line := ""
+	for _, w := range strings.Fields(s) {
+		switch {
+		case line == "":
+			line = w
+		case len([]rune(line))+1+len([]rune(w)) <= n:
+			line += " " + w
+		default:
+			lines = append(lines, line)
+			line = w
+		}
+	}
+	if line != "" {
+		lines = append(lines, line)
+	}
+	return lines
+}
+
+// tickLabel writes v compactly: "2^k" on a base-2 axis, else plain
+// decimals for 1e-3..1e4 and "1E-5"-style beyond.
+func tickLabel(v float64, base2 bool) string {
+	if base2 {
+		return "2^" + strconv.Itoa(int(math.Round(math.Log2(v))))
+	}
+	k := int(math.Round(math.Log10(v)))
+	if k >= -3 && k <= 4 {
+		return strconv.FormatFloat(v, 'f', -1, 64)
+	}
+	return "1E" + strconv.Itoa(k)
+}

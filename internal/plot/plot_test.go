@@ -1,0 +1,102 @@
+package plot
+
+import (
+	"bytes"
+	"image/color"
+	"image/png"
+	"math"
+	"strings"
+	"testing"
+)
+
+// TestLogLogPNG: a chart decodes as a PNG of the requested size, each
+// series' color appears where its points are, and the labels are drawn.
+func TestLogLogPNG(t *testing.T) {
+	xs := []float64{1024, 2048, 4096, 8192}
+	quad, lin := make([]float64, len(xs)), make([]float64, len(xs))
+	for i, x := range xs {
+		quad[i], lin[i] = x*x*1e-9, x*1e-6
+	}
+	p := LogLog{
+		Title: "time against length", XLabel: "length", YLabel: "seconds", XBase2: true,
+		Notes:  []string{"lazy skipped above 2^12"},
+		Series: []Series{{Label: "lazy", X: xs, Y: quad, Color: Palette[0]}, {Label: "flash", X: xs, Y: lin, Color: Palette[2], Dashed: true}},
+		Width:  800, Height: 500,
+	}
+	var buf bytes.Buffer
+	if err := p.WritePNG(&buf); err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := img.Bounds(); b.Dx() != 800 || b.Dy() != 500 {
+		t.Fatalf("image is %v", b)
+	}
+	count := func(c color.RGBA) int {
+		n := 0
+		b := img.Bounds()
+		for y := b.Min.Y; y < b.Max.Y; y++ {
+			for x := b.Min.X; x < b.Max.X; x++ {
+				r, g, bb, _ := img.At(x, y).RGBA()
+				if uint8(r>>8) == c.R && uint8(g>>8) == c.G && uint8(bb>>8) == c.B {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	for _, c := range []color.RGBA{Palette[0], Palette[2], black} {
+		if count(c) < 200 {
+			t.Errorf("color %v drawn on %d pixels only", c, count(c))
+		}
+	}
+}
+
+func TestLogLogRefusesBadPoints(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		s    Series
+		want string
+	}{
+		{"zero", Series{Label: "a", X: []float64{1, 2}, Y: []float64{0, 1}}, "log axes"},
+		{"NaN", Series{Label: "a", X: []float64{1, 2}, Y: []float64{math.NaN(), 1}}, "log axes"},
+		{"ragged", Series{Label: "a", X: []float64{1, 2}, Y: []float64{1}}, "1 y values"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := LogLog{Series: []Series{tc.s}}.Render()
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an error naming %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := (LogLog{}).Render(); err == nil {
+		t.Error("a chart without series rendered")
+	}
+}
+
+func TestTickLabel(t *testing.T) {
+	for _, tc := range []struct {
+		v     float64
+		base2 bool
+		want  string
+	}{
+		{1024, true, "2^10"}, {131072, true, "2^17"}, {0.001, false, "0.001"}, {100, false, "100"}, {1e-5, false, "1E-5"}, {1e6, false, "1E6"},
+	} {
+		if got := tickLabel(tc.v, tc.base2); got != tc.want {
+			t.Errorf("tickLabel(%g, %v) = %q, want %q", tc.v, tc.base2, got, tc.want)
+		}
+	}
+}
+
+func TestWrap(t *testing.T) {
+	got := wrap("d_model 32, 2 layers, order 2, batch 1", 12)
+	want := []string{"d_model 32,", "2 layers,", "order 2,", "batch 1"}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Errorf("wrap = %q, want %q", got, want)
+	}
+	if got := wrap("", 5); len(got) != 0 {
+		t.Errorf("wrap of nothing = %q", got)
+	}
+}
