@@ -21,6 +21,7 @@ import (
 	"github.com/titan-go/titan/internal/longconv"
 	"github.com/titan-go/titan/internal/model/hyena"
 	"github.com/titan-go/titan/internal/modelfile"
+	"github.com/titan-go/titan/internal/recipebench"
 	"github.com/titan-go/titan/internal/train"
 )
 
@@ -31,7 +32,67 @@ func newBenchCmd() *cobra.Command {
 		Example: `  titan bench comm --op allreduce --size 64MiB --nproc 2
   titan bench generate --recipe recipes/hyena_debug.toml --length 4096 --mode lazy,flash`,
 	}
-	cmd.AddCommand(newBenchCommCmd(), newBenchGenerateCmd())
+	cmd.AddCommand(newBenchCommCmd(), newBenchGenerateCmd(), newBenchRecipesCmd())
+	return cmd
+}
+
+func newBenchRecipesCmd() *cobra.Command {
+	var steps, nproc int
+	var sets []string
+	var asJSON bool
+	var plotPath, dir string
+	cmd := &cobra.Command{
+		Use:   "recipes RECIPE.toml...",
+		Short: "Train recipes side by side and compare them",
+		Long: `Train each recipe for --steps steps, each as its own titan train run, and
+compare tokens/s, TFLOP/s, MFU, peak memory, final loss, the loss at equal
+tokens (the most every run reached) and the time to the first checkpoint.
+Progress goes to stderr; --plot writes throughput bars and loss curves.`,
+		Example: `  titan bench recipes recipes/llama3_debug.toml recipes/hyena_debug.toml --steps 20
+  titan bench recipes a.toml b.toml --steps 50 --nproc 2 --json --plot cmp.png`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, recipes []string) error {
+			exe, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			if dir == "" {
+				if dir, err = os.MkdirTemp("", "titan-bench-recipes-"); err != nil {
+					return err
+				}
+				defer os.RemoveAll(dir)
+			}
+			rs, err := recipebench.Run(cmd.Context(), recipebench.Options{
+				Exe: exe, Recipes: recipes, Steps: steps, NProc: nproc, Sets: sets, Dir: dir, Progress: cmd.ErrOrStderr(),
+			})
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				if err := recipebench.WriteJSON(out, rs); err != nil {
+					return err
+				}
+			} else {
+				recipebench.WriteTable(out, rs)
+			}
+			if plotPath != "" {
+				files, err := recipebench.Plot(plotPath, rs)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "titan: plots %s\n", strings.Join(files, ", "))
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&steps, "steps", 20, "training steps of every run")
+	f.IntVar(&nproc, "nproc", 1, "worker processes per run")
+	f.StringArrayVar(&sets, "set", nil, "override a recipe key in every run, section.key=value (repeatable)")
+	f.BoolVar(&asJSON, "json", false, `print one JSON line per recipe ({"recipe", "tokens_per_sec", "mfu", "mem_gib", "final_loss", ...})`)
+	f.StringVar(&plotPath, "plot", "", "write FILE-throughput.png and FILE-loss.png")
+	f.StringVar(&dir, "out", "", "keep the runs' dump folders here (default: a temporary folder, removed)")
 	return cmd
 }
 

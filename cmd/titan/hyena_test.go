@@ -1,6 +1,10 @@
 package main
 
 import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -53,6 +57,54 @@ func TestHyenaParallelismMatchesOneProcess(t *testing.T) {
 				}
 				checkParity(t, name, one, dump, steps)
 			})
+		}
+	}
+}
+
+// TestBenchRecipes: `titan bench recipes` trains a Llama and a Hyena
+// recipe side by side and prints one JSON line per recipe with the
+// figures of its own metrics, and the plots.
+func TestBenchRecipes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("training runs")
+	}
+	data := corpus(t)
+	dir := t.TempDir()
+	out, err := titan(t, "bench", "recipes", "../../recipes/llama3_debug.toml", "../../recipes/hyena_debug.toml",
+		"--steps", "3", "--json", "--out", dir, "--plot", filepath.Join(dir, "cmp.png"),
+		"--set", "training.seq_len=32", "--set", "training.local_batch_size=2", "--set", "validation.enable=false",
+		"--set", "training.dataset=text", "--set", "training.dataset_path="+data, "--set", "checkpoint.interval=2",
+		"--set", "model.flavor=debug")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var lines []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil {
+			lines = append(lines, m)
+		}
+	}
+	if len(lines) != 2 {
+		t.Fatalf("want 2 JSON lines, got:\n%s", out)
+	}
+	for i, m := range lines {
+		for _, k := range []string{"recipe", "tokens_per_sec", "mfu", "mem_gib", "final_loss", "loss_at_equal_tokens", "first_checkpoint_s"} {
+			if _, ok := m[k]; !ok {
+				t.Errorf("line %d lacks %s: %v", i, k, m)
+			}
+		}
+		dump := filepath.Join(dir, "run-"+itoa(i))
+		if got, want := m["final_loss"].(float64), metricsColumn(t, dump, "loss")[3]; got != want {
+			t.Errorf("%s: final_loss %v, its metrics say %v", m["recipe"], got, want)
+		}
+		if s := m["first_checkpoint_s"].(float64); s <= 0 {
+			t.Errorf("%s: first checkpoint after %v s", m["recipe"], s)
+		}
+	}
+	for _, f := range []string{"cmp-throughput.png", "cmp-loss.png"} {
+		if fi, err := os.Stat(filepath.Join(dir, f)); err != nil || fi.Size() == 0 {
+			t.Errorf("plot %s: %v", f, err)
 		}
 	}
 }

@@ -40,8 +40,11 @@ type Record struct {
 	StateGiB float64 `json:"state_gib"`
 	// GatheredUnits is the most FSDP units whose gathered parameters
 	// were alive at once on one worker (0 without parameter sharding).
-	GatheredUnits int     `json:"gathered_units"`
-	ElapsedS      float64 `json:"elapsed_s"`
+	GatheredUnits int `json:"gathered_units"`
+	// Tokens is the number of tokens trained on up to this step (the
+	// whole job's).
+	Tokens   int64   `json:"tokens"`
+	ElapsedS float64 `json:"elapsed_s"`
 	// ValLoss is set on steps that ran validation.
 	ValLoss *float64 `json:"val_loss,omitempty"`
 }

@@ -100,3 +100,24 @@ func TestWrap(t *testing.T) {
 		t.Errorf("wrap of nothing = %q", got)
 	}
 }
+
+// TestBars: a bar chart renders, and bad values are refused.
+func TestBars(t *testing.T) {
+	var buf bytes.Buffer
+	if err := (Bars{Title: "tokens/s", Labels: []string{"a", "b"}, Values: []float64{3520, 3054}}).WritePNG(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := png.Decode(&buf); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []Bars{
+		{Labels: []string{"a"}, Values: []float64{math.NaN()}},
+		{Labels: []string{"a"}, Values: []float64{-1}},
+		{Labels: []string{"a", "b"}, Values: []float64{1}},
+		{Labels: []string{"a"}, Values: []float64{0}},
+	} {
+		if _, err := b.Render(); err == nil {
+			t.Errorf("%+v rendered", b)
+		}
+	}
+}

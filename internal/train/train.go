@@ -446,6 +446,7 @@ func (tr *Trainer) Run(ctx context.Context) error {
 			rec := metrics.Record{
 				Step: tr.Step, Loss: lossSum / float64(lossN), GradNorm: gnorm, LR: lr,
 				TokensPerSec: tps, TFLOPs: flopsPerToken * tps / 1e12, MemGiB: mem, StateGiB: state, GatheredUnits: int(gathered),
+				Tokens:   int64(tr.Step) * int64(tr.accum*B*T*tr.dataRanks()),
 				ElapsedS: tr.elapsed + time.Since(start).Seconds(), ValLoss: val,
 			}
 			if tr.peakFLOPS > 0 {
