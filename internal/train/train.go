@@ -115,7 +115,7 @@ func New(job *config.Job, dev Device, out io.Writer, dist *Dist) (*Trainer, erro
 		tr.dist = *dist
 	}
 	var pplan parallel.PipelinePlan
-	if tr.mesh, pplan, err = checkParallelism(job, tr.dist.World); err != nil {
+	if tr.mesh, pplan, err = checkParallelism(job, fam, tr.dist.World); err != nil {
 		return nil, err
 	}
 	tr.pplan = pplan
@@ -204,15 +204,11 @@ func New(job *config.Job, dev Device, out io.Writer, dist *Dist) (*Trainer, erro
 // the layouts the model's shapes cannot split (pipeline stages, tensor
 // and context parallel checks) and returns the mesh with the resolved
 // pipeline plan.
-func checkParallelism(job *config.Job, world int) (*mesh.Mesh, parallel.PipelinePlan, error) {
+func checkParallelism(job *config.Job, fam model.Family, world int) (*mesh.Mesh, parallel.PipelinePlan, error) {
 	p := job.Parallelism
 	var none parallel.PipelinePlan
 	if _, err := fsdp.ParseReshard(p.FSDPReshardAfterForward); err != nil {
 		return nil, none, fmt.Errorf("parallelism: %w", err)
-	}
-	fam, err := ModelFamily(job)
-	if err != nil {
-		return nil, none, err
 	}
 	pplan, err := parallel.PlanPipeline(fam.NumLayers(), job.Training.LocalBatchSize, parallel.PipelineSettings{
 		Degree: p.PipelineParallelDegree, Schedule: p.PipelineParallelSchedule, LayersPerStage: p.PipelineParallelLayersPerStage,
