@@ -82,10 +82,17 @@ func (m *Metadata) validate(dir string) error {
 			}
 		}
 		sort.Slice(chunks, func(i, j int) bool { return chunks[i].Offset < chunks[j].Offset })
-		for i := 1; i < len(chunks); i++ {
-			if a, b := chunks[i-1], chunks[i]; b.Offset < a.Offset+a.Len {
-				return fmt.Errorf("checkpoint: %s: chunks %d+%d and %d+%d of %s overlap", mp, a.Offset, a.Len, b.Offset, b.Len, name)
+		covered := 0
+		for i, c := range chunks {
+			if a := chunks[max(i-1, 0)]; i > 0 && c.Offset < a.Offset+a.Len {
+				return fmt.Errorf("checkpoint: %s: chunks %d+%d and %d+%d of %s overlap", mp, a.Offset, a.Len, c.Offset, c.Len, name)
 			}
+			covered += c.Len
+		}
+		// Every element is stored, so a tensor is never larger than the
+		// files that hold it.
+		if covered != n {
+			return fmt.Errorf("checkpoint: %s: the chunks of %s hold %d of its %d elements (shape %v)", mp, name, covered, n, t.Shape)
 		}
 	}
 	for name, b := range m.Blobs {
