@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/titan-go/titan/internal/checkpoint"
+	"github.com/titan-go/titan/internal/hf"
+	"github.com/titan-go/titan/internal/model/llama"
 )
 
 // set appends --set key=value pairs to args.
@@ -197,5 +199,71 @@ func TestSecondRunOnDumpFolderIsRefused(t *testing.T) {
 	}
 	if _, err := os.Stat(lock); !os.IsNotExist(err) {
 		t.Errorf("lock file left after the run: %v", err)
+	}
+}
+
+// TestCheckpointInspect: inspect shows whether a checkpoint is full or
+// model-only, its step, files, tensors and sizes, lists the step folders
+// of a checkpoint folder (naming damaged ones), and verifies checksums.
+func TestCheckpointInspect(t *testing.T) {
+	dump := t.TempDir()
+	if out, err := titan(t, set(tinyRun(dump, corpus(t), 3), "checkpoint.interval=2", "checkpoint.last_save_model_only=true")...); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	ck := filepath.Join(dump, "checkpoint")
+	out, err := titan(t, "checkpoint", "inspect", ck)
+	for _, want := range []string{"step-2       full", "step-3       model-only", "step-3: step 3", "contents: model-only", "data-00000.bin", "model/tok_embeddings.weight", "[2000 256]", "checksums: ok"} {
+		if err != nil || !strings.Contains(out, want) {
+			t.Fatalf("inspect %s: %v; want %q in\n%s", ck, err, want, out)
+		}
+	}
+	step2 := filepath.Join(ck, "step-2")
+	if out, err := titan(t, "checkpoint", "inspect", step2); err != nil || !strings.Contains(out, "contents: full") || !strings.Contains(out, checkpoint.TrainStateBlob) {
+		t.Fatalf("inspect %s: %v\n%s", step2, err, out)
+	}
+	p := filepath.Join(step2, "data-00000.bin")
+	b, _ := os.ReadFile(p)
+	b[len(b)-3] ^= 1
+	os.WriteFile(p, b, 0o644)
+	if _, err := titan(t, "checkpoint", "inspect", step2); err == nil || !strings.Contains(err.Error(), "checksum mismatch") {
+		t.Fatalf("inspect of a tampered checkpoint: %v", err)
+	}
+	if out, err := titan(t, "checkpoint", "inspect", step2, "--verify=false"); err != nil || !strings.Contains(out, "not verified") {
+		t.Fatalf("inspect --verify=false: %v\n%s", err, out)
+	}
+	os.Remove(filepath.Join(step2, "metadata.json"))
+	if out, err := titan(t, "checkpoint", "inspect", ck); err != nil || !strings.Contains(out, "step-2       damaged: metadata.json is missing") {
+		t.Fatalf("inspect with a damaged step folder: %v\n%s", err, out)
+	}
+}
+
+// TestImportHostileHF: titan checkpoint import --hf of a config.json
+// with vocab_size 10^12 or num_hidden_layers 10^9 is an error naming the
+// field (on main: a makeslice panic, and an allocation until killed).
+func TestImportHostileHF(t *testing.T) {
+	cfg := llama.Config{Dim: 16, NLayers: 1, NHeads: 2, VocabSize: 32, MultipleOf: 16, NormEps: 1e-5, RoPETheta: 10000, MaxSeqLen: 64}
+	src := t.TempDir()
+	if err := hf.Export(src, cfg, make([]float32, cfg.NumParams()), "float32", hf.ExportOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ key, value, want string }{
+		{"vocab_size", "1000000000000", "vocab_size 1000000000000 is out of range"},
+		{"num_hidden_layers", "1000000000", "num_hidden_layers 1000000000 is out of range"},
+	} {
+		t.Run(tc.key, func(t *testing.T) {
+			var mc map[string]any
+			raw, _ := os.ReadFile(filepath.Join(src, hf.ConfigFile))
+			json.Unmarshal(raw, &mc)
+			mc[tc.key] = json.Number(tc.value)
+			raw, _ = json.Marshal(mc)
+			dir := t.TempDir()
+			st, _ := os.ReadFile(filepath.Join(src, "model.safetensors"))
+			os.WriteFile(filepath.Join(dir, "model.safetensors"), st, 0o644)
+			os.WriteFile(filepath.Join(dir, hf.ConfigFile), raw, 0o644)
+			_, err := titan(t, "checkpoint", "import", "--hf", dir, "--output", filepath.Join(t.TempDir(), "ck"))
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), hf.ConfigFile) {
+				t.Fatalf("got %v, want an error naming %s and %q", err, hf.ConfigFile, tc.want)
+			}
+		})
 	}
 }
