@@ -201,6 +201,7 @@ func TestOpenRejectsHostileMetadata(t *testing.T) {
 			m.Tensors["w"] = tm
 		}, "truncated"},
 		{"negative pos", func(m *Metadata) { m.Tensors["w"].Chunks[0].Pos = -8 }, "truncated"},
+		{"chunks short of the shape", func(m *Metadata) { tm := m.Tensors["w"]; tm.Shape = []int{4, 3}; m.Tensors["w"] = tm }, "hold 6 of its 12 elements"},
 		{"chunk outside shape", func(m *Metadata) { m.Tensors["w"].Chunks[0].Offset = 5 }, "outside its shape"},
 		{"overlapping chunks", func(m *Metadata) {
 			tm := m.Tensors["w"]
