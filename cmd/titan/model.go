@@ -4,13 +4,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"sort"
 
 	"github.com/spf13/cobra"
 
 	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/backend/cpu"
-	"github.com/titan-go/titan/internal/checkpoint"
 	"github.com/titan-go/titan/internal/evaluate"
 	"github.com/titan-go/titan/internal/generate"
 	"github.com/titan-go/titan/internal/generate/hyenagen"
@@ -273,55 +271,20 @@ func newCheckpointCmd() *cobra.Command {
 	var verify bool
 	inspect := &cobra.Command{
 		Use:   "inspect DIR",
-		Short: "List a checkpoint's tensors and states",
+		Short: "Show a checkpoint's contents (full or model-only), tensors, files and checksums",
+		Long: `Show a checkpoint step folder: its step, whether it is full (the training
+state a run resumes from) or model-only, its data files, every tensor with
+its shape, chunks and bytes, and its states; then read everything back and
+verify every checksum. Given a checkpoint folder, list every step folder
+with its contents (naming the damaged ones and why) and show the newest.`,
 		Example: `  titan checkpoint inspect outputs/checkpoint/step-200
-  titan checkpoint inspect outputs/checkpoint --verify`,
+  titan checkpoint inspect outputs/checkpoint --verify=false`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			dir, err := modelfile.Resolve(args[0])
-			if err != nil {
-				return err
-			}
-			r, err := checkpoint.Open(dir)
-			if err != nil {
-				return err
-			}
-			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "%s: step %d, format version %d\n", dir, r.Meta.Step, r.Meta.Version)
-			if raw, err := r.Blob(modelfile.ConfigBlob); err == nil {
-				fmt.Fprintf(out, "model: %s\n", raw)
-			}
-			names := make([]string, 0, len(r.Meta.Tensors))
-			var total int64
-			for n, t := range r.Meta.Tensors {
-				names = append(names, n)
-				c := int64(1)
-				for _, s := range t.Shape {
-					c *= int64(s)
-				}
-				total += c
-			}
-			sort.Strings(names)
-			for _, n := range names {
-				t := r.Meta.Tensors[n]
-				fmt.Fprintf(out, "  %-55s %-8s %v (%d chunks)\n", n, t.DType, t.Shape, len(t.Chunks))
-			}
-			blobs := make([]string, 0, len(r.Meta.Blobs))
-			for n := range r.Meta.Blobs {
-				blobs = append(blobs, n)
-			}
-			sort.Strings(blobs)
-			fmt.Fprintf(out, "%d tensors, %d elements; states: %v\n", len(names), total, blobs)
-			if verify {
-				if err := r.Verify(); err != nil {
-					return err
-				}
-				fmt.Fprintln(out, "checksums: ok")
-			}
-			return nil
+			return inspectCheckpoint(cmd.OutOrStdout(), args[0], verify)
 		},
 	}
-	inspect.Flags().BoolVar(&verify, "verify", false, "read every chunk and check its checksum")
+	inspect.Flags().BoolVar(&verify, "verify", true, "read every chunk and state and check its checksum (--verify=false: metadata only)")
 	cmd.AddCommand(inspect)
 	addHFCommands(cmd)
 	return cmd

@@ -12,13 +12,25 @@
 // Saves are atomic: everything is written into a temporary folder, fsynced,
 // and renamed into place, so an interrupted save (a kill, a full disk)
 // leaves the previous checkpoints untouched. Every chunk and blob carries
-// a CRC-32C that is verified when read.
+// a CRC-32C that is verified when read. Temporary folders are named after
+// the process that writes them (.tmp-step-<N>-p<pid>-<host>-<random>), and
+// cleanup removes only those of processes that are gone, never another
+// live run's.
+//
+// A checkpoint is full when it holds the training state (the blob
+// [TrainStateBlob]: a run can resume from it exactly) and model-only
+// otherwise; metadata.json records which under "contents".
+//
+// Nothing read from disk is trusted: [Open] checks every shape, count,
+// offset and file name of metadata.json against sane limits and the sizes
+// of the files beside it before anything is allocated, and [Scan] reports
+// step folders that are incomplete or corrupt by name instead of skipping
+// them silently.
 package checkpoint
 
 import (
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
@@ -26,7 +38,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 )
@@ -62,10 +73,41 @@ type BlobMeta struct {
 
 // Metadata is the content of metadata.json.
 type Metadata struct {
-	Version int                   `json:"version"`
-	Step    int                   `json:"step"`
-	Tensors map[string]TensorMeta `json:"tensors"`
-	Blobs   map[string]BlobMeta   `json:"blobs"`
+	Version int `json:"version"`
+	Step    int `json:"step"`
+	// Contents is ContentsFull or ContentsModel; empty in checkpoints
+	// written before it existed (see [Metadata.Full]).
+	Contents string                `json:"contents,omitempty"`
+	Tensors  map[string]TensorMeta `json:"tensors"`
+	Blobs    map[string]BlobMeta   `json:"blobs"`
+}
+
+// TrainStateBlob is the blob that makes a checkpoint full: the training
+// loop's step, optimizer step and seed. A checkpoint without it holds no
+// state to resume from.
+const TrainStateBlob = "train_state.json"
+
+// The values of Metadata.Contents.
+const (
+	ContentsFull  = "full"  // the whole training state: a run resumes from it exactly
+	ContentsModel = "model" // weights (and model description) only
+)
+
+// Full reports whether the checkpoint holds the full training state.
+func (m Metadata) Full() bool {
+	if m.Contents != "" {
+		return m.Contents == ContentsFull
+	}
+	_, ok := m.Blobs[TrainStateBlob]
+	return ok
+}
+
+// Kind is "full" or "model-only", for messages.
+func (m Metadata) Kind() string {
+	if m.Full() {
+		return "full"
+	}
+	return "model-only"
 }
 
 // Shard is the part of a logical tensor a writer holds.
@@ -92,29 +134,18 @@ func StepDir(folder string, step int) string {
 	return filepath.Join(folder, "step-"+strconv.Itoa(step))
 }
 
-// Steps lists the steps of the complete checkpoints in folder, ascending.
-// A folder without metadata.json (an interrupted save) is not listed.
+// Steps lists the steps of the complete, well-formed checkpoints in
+// folder, ascending (see [Scan], which also says why the others are not
+// listed).
 func Steps(folder string) ([]int, error) {
-	ents, err := os.ReadDir(folder)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
+	infos, _, err := Scan(folder)
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint: listing %s: %w", folder, err)
+		return nil, err
 	}
-	var steps []int
-	for _, e := range ents {
-		m := stepDir.FindStringSubmatch(e.Name())
-		if m == nil || !e.IsDir() {
-			continue
-		}
-		if _, err := os.Stat(filepath.Join(folder, e.Name(), "metadata.json")); err != nil {
-			continue
-		}
-		n, _ := strconv.Atoi(m[1])
-		steps = append(steps, n)
+	steps := make([]int, len(infos))
+	for i, in := range infos {
+		steps[i] = in.Step
 	}
-	sort.Ints(steps)
 	return steps, nil
 }
 
@@ -133,7 +164,7 @@ func Save(folder string, step int, shards []Shard, blobs map[string][]byte) erro
 	if err := os.MkdirAll(folder, 0o755); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
-	tmp, err := os.MkdirTemp(folder, fmt.Sprintf(".tmp-step-%d-", step))
+	tmp, err := os.MkdirTemp(folder, tmpPrefix(fmt.Sprintf("step-%d", step)))
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
@@ -143,7 +174,10 @@ func Save(folder string, step int, shards []Shard, blobs map[string][]byte) erro
 			os.RemoveAll(tmp)
 		}
 	}()
-	meta := Metadata{Version: Version, Step: step, Tensors: map[string]TensorMeta{}, Blobs: map[string]BlobMeta{}}
+	meta := Metadata{Version: Version, Step: step, Contents: ContentsModel, Tensors: map[string]TensorMeta{}, Blobs: map[string]BlobMeta{}}
+	if _, ok := blobs[TrainStateBlob]; ok {
+		meta.Contents = ContentsFull
+	}
 	const dataFile = "data-00000.bin"
 	f, err := createFile(filepath.Join(tmp, dataFile))
 	if err != nil {
@@ -201,9 +235,14 @@ func Save(folder string, step int, shards []Shard, blobs map[string][]byte) erro
 	}
 	final := StepDir(folder, step)
 	if _, err := os.Stat(final); err == nil {
-		old := final + ".old"
-		os.RemoveAll(old)
+		// Move the old one aside under a name of this process's own (an
+		// empty folder a directory rename may replace), then drop it.
+		old, err := os.MkdirTemp(folder, tmpPrefix(fmt.Sprintf("old-step-%d", step)))
+		if err != nil {
+			return fmt.Errorf("checkpoint: %w", err)
+		}
 		if err := os.Rename(final, old); err != nil {
+			os.Remove(old)
 			return fmt.Errorf("checkpoint: %w", err)
 		}
 		defer os.RemoveAll(old)
@@ -215,25 +254,38 @@ func Save(folder string, step int, shards []Shard, blobs map[string][]byte) erro
 	return syncDir(folder)
 }
 
-// Purge removes all but the newest keep checkpoints, and leftovers of
-// interrupted saves. keep <= 0 keeps everything.
+// Purge removes all but the newest keep checkpoints, and the temporary
+// folders that processes now gone left behind. It never removes the
+// newest full checkpoint (the one a run resumes from), even when keep
+// newer model-only checkpoints follow it, nor a step folder [Scan]
+// reports as damaged, nor a live process's temporary folder. keep <= 0
+// keeps every checkpoint.
 func Purge(folder string, keep int) error {
 	ents, _ := os.ReadDir(folder)
 	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), ".tmp-step-") {
+		if strings.HasPrefix(e.Name(), ".tmp-") && leftover(filepath.Join(folder, e.Name())) {
 			os.RemoveAll(filepath.Join(folder, e.Name()))
 		}
 	}
 	if keep <= 0 {
 		return nil
 	}
-	steps, err := Steps(folder)
+	infos, _, err := Scan(folder)
 	if err != nil {
 		return err
 	}
-	for i := 0; i < len(steps)-keep; i++ {
-		if err := os.RemoveAll(StepDir(folder, steps[i])); err != nil {
-			return fmt.Errorf("checkpoint: purging step %d: %w", steps[i], err)
+	newestFull := -1
+	for _, in := range infos {
+		if in.Meta.Full() {
+			newestFull = in.Step
+		}
+	}
+	for i := 0; i < len(infos)-keep; i++ {
+		if infos[i].Step == newestFull {
+			continue
+		}
+		if err := os.RemoveAll(infos[i].Dir); err != nil {
+			return fmt.Errorf("checkpoint: purging step %d: %w", infos[i].Step, err)
 		}
 	}
 	return nil
@@ -247,7 +299,11 @@ type Reader struct {
 
 // Open reads and checks the metadata of the checkpoint in dir.
 func Open(dir string) (*Reader, error) {
-	raw, err := os.ReadFile(filepath.Join(dir, "metadata.json"))
+	mp := filepath.Join(dir, "metadata.json")
+	if st, err := os.Stat(mp); err == nil && st.Size() > MaxMetadataBytes {
+		return nil, fmt.Errorf("checkpoint: %s is %d bytes, more than the %d a metadata file may have", mp, st.Size(), MaxMetadataBytes)
+	}
+	raw, err := os.ReadFile(mp)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: %s is not a checkpoint: %w", dir, err)
 	}
@@ -255,16 +311,8 @@ func Open(dir string) (*Reader, error) {
 	if err := json.Unmarshal(raw, &r.Meta); err != nil {
 		return nil, fmt.Errorf("checkpoint: %s/metadata.json is corrupt: %w", dir, err)
 	}
-	if r.Meta.Version != Version {
-		return nil, fmt.Errorf("checkpoint: %s has format version %d, this titan reads %d", dir, r.Meta.Version, Version)
-	}
-	for name, t := range r.Meta.Tensors {
-		n := numel(t.Shape)
-		for _, c := range t.Chunks {
-			if c.Offset < 0 || c.Len < 0 || c.Offset+c.Len > n {
-				return nil, fmt.Errorf("checkpoint: %s: chunk %d+%d of %s lies outside its shape %v", dir, c.Offset, c.Len, name, t.Shape)
-			}
-		}
+	if err := r.Meta.validate(dir); err != nil {
+		return nil, err
 	}
 	return r, nil
 }

@@ -294,7 +294,10 @@ type Checkpoint struct {
 	// always saved.
 	Interval int `toml:"interval" mapstructure:"interval"`
 	// InitialLoadPath is a checkpoint to start from when Folder holds
-	// none; "" means start from scratch.
+	// no full checkpoint; "" means start from scratch. Its weights alone
+	// are loaded (model-only), and the log says so. It is the only way a
+	// model-only checkpoint becomes a run's starting point: a Folder
+	// holding only model-only checkpoints is otherwise an error.
 	InitialLoadPath string `toml:"initial_load_path" mapstructure:"initial_load_path"`
 	// InitialLoadModelOnly loads only the model weights from
 	// InitialLoadPath (no optimizer state, no step).
@@ -302,6 +305,13 @@ type Checkpoint struct {
 	// InitialLoadInHF reads InitialLoadPath as HuggingFace safetensors.
 	InitialLoadInHF bool `toml:"initial_load_in_hf" mapstructure:"initial_load_in_hf"`
 	// LastSaveModelOnly saves only the model weights at the last step.
+	// A model-only save never replaces the full state of the same step:
+	// when the last step is also an interval step the full state is
+	// saved (it holds the model too), so a run started again with more
+	// steps resumes it exactly; otherwise a run started again resumes
+	// from the newest full checkpoint, passing over (and naming) the
+	// newer model-only one. keep_latest_k never removes the newest full
+	// checkpoint.
 	LastSaveModelOnly bool `toml:"last_save_model_only" mapstructure:"last_save_model_only"`
 	// LastSaveInHF writes the last checkpoint as HuggingFace safetensors.
 	LastSaveInHF bool `toml:"last_save_in_hf" mapstructure:"last_save_in_hf"`

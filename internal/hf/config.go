@@ -135,8 +135,14 @@ func ParseConfig(data []byte) (ModelConfig, error) {
 	return mc, nil
 }
 
+// maxConfigBytes bounds a config.json (real ones are about a kilobyte).
+const maxConfigBytes = 16 << 20
+
 // ReadConfig reads and decodes the config.json at path.
 func ReadConfig(path string) (ModelConfig, error) {
+	if st, err := os.Stat(path); err == nil && st.Size() > maxConfigBytes {
+		return ModelConfig{}, fmt.Errorf("hf: %s is %d bytes, more than the %d a config.json may have", path, st.Size(), maxConfigBytes)
+	}
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return ModelConfig{}, fmt.Errorf("hf: %w", err)
@@ -157,6 +163,9 @@ func ReadConfig(path string) (ModelConfig, error) {
 // intermediate_size becomes MultipleOf and FFNDimMultiplier by
 // [FFNShape].
 func (mc ModelConfig) Llama() (llama.Config, error) {
+	if err := mc.CheckLimits(); err != nil {
+		return llama.Config{}, err
+	}
 	switch {
 	case mc.ModelType != "llama":
 		return llama.Config{}, fmt.Errorf("model_type %q is not \"llama\"", mc.ModelType)
@@ -220,6 +229,59 @@ func (mc ModelConfig) Llama() (llama.Config, error) {
 		return llama.Config{}, err
 	}
 	return cfg, nil
+}
+
+// Limits on the sizes a config.json may give. They are generous (several
+// times the largest published Llama's) and keep a corrupt or hostile file
+// from making titan allocate without bound before the weights' files are
+// even looked at; [Import] then checks every tensor's shape against the
+// safetensors files before allocating the parameters.
+var Limits = struct {
+	VocabSize, HiddenSize, IntermediateSize, Layers, Heads, MaxPositions int
+}{
+	VocabSize:        1 << 22, // 4M tokens (Llama 3: 128256)
+	HiddenSize:       1 << 16, // Llama 3.1 405B: 16384
+	IntermediateSize: 1 << 19, // Llama 3.1 405B: 53248
+	Layers:           1 << 10, // Llama 3.1 405B: 126
+	Heads:            1 << 12,
+	MaxPositions:     1 << 24, // 16M tokens
+}
+
+// CheckLimits checks every size and count of the config against [Limits]
+// (and for being non-negative), with an error naming the field.
+func (mc ModelConfig) CheckLimits() error {
+	for _, f := range []struct {
+		name     string
+		v, limit int
+	}{
+		{"vocab_size", mc.VocabSize, Limits.VocabSize},
+		{"hidden_size", mc.HiddenSize, Limits.HiddenSize},
+		{"intermediate_size", mc.IntermediateSize, Limits.IntermediateSize},
+		{"num_hidden_layers", mc.NumHiddenLayers, Limits.Layers},
+		{"num_attention_heads", mc.NumAttentionHeads, Limits.Heads},
+		{"num_key_value_heads", mc.NumKeyValueHeads, Limits.Heads},
+		{"head_dim", mc.HeadDim, Limits.HiddenSize},
+		{"max_position_embeddings", mc.MaxPositionEmbeddings, Limits.MaxPositions},
+		{"pretraining_tp", mc.PretrainingTP, Limits.Heads},
+	} {
+		if f.v < 0 || f.v > f.limit {
+			return fmt.Errorf("%s %d is out of range [0, %d]", f.name, f.v, f.limit)
+		}
+	}
+	for _, sc := range []*RoPEScalingConfig{mc.RoPEScaling, mc.RoPEParameters} {
+		if sc != nil && (sc.OriginalMaxPositionEmbeddings < 0 || sc.OriginalMaxPositionEmbeddings > Limits.MaxPositions) {
+			return fmt.Errorf("rope_scaling original_max_position_embeddings %d is out of range [0, %d]", sc.OriginalMaxPositionEmbeddings, Limits.MaxPositions)
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    Float
+	}{{"rms_norm_eps", mc.RMSNormEps}, {"rope_theta", mc.RoPETheta}} {
+		if math.IsNaN(float64(f.v)) || math.IsInf(float64(f.v), 0) {
+			return fmt.Errorf("%s is %v", f.name, float64(f.v))
+		}
+	}
+	return nil
 }
 
 // publishedFFN are the (FFNDimMultiplier, MultipleOf) pairs of Meta's

@@ -133,6 +133,10 @@ func PermuteFromHF(dst, src []float32, heads, hd, cols int) {
 // its parameters as one flat float32 buffer in llama.Config.Layout order.
 // F32, BF16, F16 and F64 weights are converted to float32.
 //
+// Every size and count of config.json is checked against [Limits] and
+// every tensor's shape against the model before the parameters are
+// allocated; a tensor holding NaN or Inf is an error naming it.
+//
 // Every parameter must be present with its exact shape; a missing
 // tensor, or one that is not a Llama parameter, is an error naming it
 // (RoPE inv_freq buffers are skipped). With tie_word_embeddings the
@@ -186,6 +190,19 @@ func Import(dir string) (llama.Config, []float32, error) {
 		return llama.Config{}, nil, fmt.Errorf("hf: checkpoint %s does not match its config (%d layers, dim %d): %s", dir, cfg.NLayers, cfg.Dim, strings.Join(parts, "; "))
 	}
 
+	// Every shape is checked before anything is allocated: the header
+	// entries were checked against the files' sizes, so the parameters
+	// then take no more memory than the files hold.
+	for i, p := range layout {
+		if tied && p.Name == "output.weight" {
+			continue
+		}
+		name := hfNames[i]
+		info, _ := ck.Info(name)
+		if !equalShape(info.Shape, p.Shape) {
+			return llama.Config{}, nil, fmt.Errorf("hf: %s: tensor %q has shape %v, want %v", ck.File(name), name, info.Shape, p.Shape)
+		}
+	}
 	flat := make([]float32, cfg.NumParams())
 	var scratch []float32
 	for i, p := range layout {
@@ -196,13 +213,12 @@ func Import(dir string) (llama.Config, []float32, error) {
 			continue
 		}
 		name := hfNames[i]
-		info, _ := ck.Info(name)
-		if !equalShape(info.Shape, p.Shape) {
-			return llama.Config{}, nil, fmt.Errorf("hf: %s: tensor %q has shape %v, want %v", ck.File(name), name, info.Shape, p.Shape)
-		}
 		if !isRoPE(p.Name) {
 			if err := ck.ReadFloat32(name, dst); err != nil {
 				return llama.Config{}, nil, fmt.Errorf("hf: %w", err)
+			}
+			if err := checkFinite(ck.File(name), name, dst); err != nil {
+				return llama.Config{}, nil, err
 			}
 			continue
 		}
@@ -213,9 +229,30 @@ func Import(dir string) (llama.Config, []float32, error) {
 		if err := ck.ReadFloat32(name, s); err != nil {
 			return llama.Config{}, nil, fmt.Errorf("hf: %w", err)
 		}
+		if err := checkFinite(ck.File(name), name, s); err != nil {
+			return llama.Config{}, nil, err
+		}
 		PermuteFromHF(dst, s, p.Shape[0]/cfg.HeadDim(), cfg.HeadDim(), p.Shape[1])
 	}
 	return cfg, flat, nil
+}
+
+// checkFinite refuses a tensor holding NaN or ±Inf, naming it, the
+// first bad element and how many there are.
+func checkFinite(file, name string, v []float32) error {
+	first, bad := -1, 0
+	for i, x := range v {
+		if x-x != 0 { // NaN or ±Inf
+			if first < 0 {
+				first = i
+			}
+			bad++
+		}
+	}
+	if bad == 0 {
+		return nil
+	}
+	return fmt.Errorf("hf: %s: tensor %q holds %d NaN or Inf values (the first, element %d, is %v): the weights are corrupt", file, name, bad, first, v[first])
 }
 
 // list formats names for an error message, eliding all but the first few.

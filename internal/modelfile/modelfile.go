@@ -67,6 +67,21 @@ func (d Description) Family() (model.Family, error) {
 	return nil, fmt.Errorf("modelfile: unknown model family %q", d.Name)
 }
 
+// fits checks the description's counts against the checkpoint it came
+// with before anything is laid out from them: a model of n layers has at
+// least n tensors, so a hostile n_layers cannot make Family().Tensors()
+// allocate without bound.
+func (d Description) fits(r *checkpoint.Reader) error {
+	layers, key := d.Config.NLayers, "config.n_layers"
+	if d.Hyena != nil {
+		layers, key = d.Hyena.NLayer, "hyena_config.n_layer"
+	}
+	if layers < 0 || layers > len(r.Meta.Tensors) {
+		return fmt.Errorf("%s %d does not fit the %d tensors of the checkpoint", key, layers, len(r.Meta.Tensors))
+	}
+	return nil
+}
+
 // tokenizerFiles are the files of a tokenizer folder worth carrying.
 var tokenizerFiles = []string{"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model"}
 
@@ -207,11 +222,29 @@ func Load(dir string) (*Model, error) {
 	if err := json.Unmarshal(raw, &m.Desc); err != nil {
 		return nil, fmt.Errorf("%s/%s: %w", dir, ConfigBlob, err)
 	}
+	if err := m.Desc.fits(r); err != nil {
+		return nil, fmt.Errorf("%s/%s: %w", dir, ConfigBlob, err)
+	}
 	fam, err := m.Desc.Family()
 	if err != nil {
 		return nil, fmt.Errorf("%s/%s: %w", dir, ConfigBlob, err)
 	}
 	ts := fam.Tensors()
+	// Every tensor the model needs is in the checkpoint with its shape
+	// (whose chunks Open checked against the files) before the buffer is
+	// allocated, so it is never larger than the files.
+	for _, p := range ts {
+		t, ok := r.Meta.Tensors["model/"+p.Name]
+		if !ok {
+			return nil, fmt.Errorf("checkpoint %s lacks model/%s", r.Dir, p.Name)
+		}
+		if !slices.Equal(t.Shape, p.Shape) {
+			return nil, fmt.Errorf("checkpoint %s: model/%s has shape %v, %s describes %v", r.Dir, p.Name, t.Shape, ConfigBlob, p.Shape)
+		}
+	}
+	if len(ts) == 0 {
+		return nil, fmt.Errorf("%s/%s describes a model without tensors", dir, ConfigBlob)
+	}
 	m.Params = make([]float32, ts[len(ts)-1].Offset+ts[len(ts)-1].Size)
 	if err := ReadPrefixed(r, "model/", ts, m.Params); err != nil {
 		return nil, err

@@ -3,7 +3,9 @@ package train
 import (
 	"encoding/json"
 	"fmt"
+	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/checkpoint"
@@ -36,13 +38,66 @@ func (tr *Trainer) fullState(modelOnly bool) (params, mv, vv []float32, err erro
 	return params, mv, vv, err
 }
 
+// ckptState is the trainer's checkpoint bookkeeping: the dump folder's
+// lock and what the restore found, to be logged once the log is open.
+type ckptState struct {
+	lock  *checkpoint.Lock
+	notes []string
+}
+
+// note records a line for the run's log (restore runs before it opens).
+func (tr *Trainer) note(format string, args ...any) {
+	tr.ck.notes = append(tr.ck.notes, fmt.Sprintf(format, args...))
+}
+
+// logNotes prints the restore's notes into the run's log.
+func (tr *Trainer) logNotes() {
+	for _, n := range tr.ck.notes {
+		tr.log.Printf("%s", n)
+	}
+	tr.ck.notes = nil
+}
+
+// unlock releases the dump folder.
+func (tr *Trainer) unlock() {
+	tr.ck.lock.Release()
+	tr.ck.lock = nil
+}
+
+// saveLast writes the checkpoint of the final step. With
+// checkpoint.last_save_model_only it is model-only, except when the
+// final step is also an interval step: then the full state is written
+// (it contains the model), so that a run started again with more steps
+// resumes from it exactly. A model-only save never replaces a full
+// checkpoint of the same step (see save).
+func (tr *Trainer) saveLast() error {
+	ck := tr.Job.Checkpoint
+	modelOnly := ck.LastSaveModelOnly
+	if modelOnly && ck.Interval > 0 && tr.Step%ck.Interval == 0 {
+		modelOnly = false
+	}
+	return tr.save(modelOnly)
+}
+
 // save writes a checkpoint of the current step (model only, or the full
 // training state) and purges old ones. Every rank calls it: under FSDP
 // the shards are first all-gathered (every rank of a shard group then
 // holds the whole state, transiently), and rank 0 writes the whole
 // tensors as a one-process run does. Sharded parallel writes are future
 // work.
+//
+// A model-only save of a step whose full checkpoint exists is skipped:
+// the full one holds the model too, and replacing it would lose the
+// state a run resumes from.
 func (tr *Trainer) save(modelOnly bool) error {
+	if modelOnly {
+		if r, err := checkpoint.Open(checkpoint.StepDir(tr.ckptFolder, tr.Step)); err == nil && r.Meta.Full() {
+			if tr.log != nil {
+				tr.log.Printf("titan: %s holds the full state of step %d (the model included); the model-only save is skipped so that it stays resumable", r.Dir, tr.Step)
+			}
+			return nil
+		}
+	}
 	params, mv, vv, err := tr.fullState(modelOnly)
 	if err != nil {
 		return fmt.Errorf("checkpoint: gathering the state: %w", err)
@@ -63,7 +118,7 @@ func (tr *Trainer) save(modelOnly bool) error {
 		shards = append(shards, modelfile.PrefixedShards("optimizer/exp_avg/", tr.fam.Tensors(), mv)...)
 		shards = append(shards, modelfile.PrefixedShards("optimizer/exp_avg_sq/", tr.fam.Tensors(), vv)...)
 		ts, _ := json.Marshal(trainState{Step: tr.Step, OptStep: tr.Opt.Step, Seed: tr.seed, Flavor: tr.Job.Model.Flavor, ElapsedS: tr.elapsed})
-		blobs["train_state.json"] = ts
+		blobs[checkpoint.TrainStateBlob] = ts
 		ds, err := tr.Data.State()
 		if err != nil {
 			return fmt.Errorf("checkpoint: data loader state: %w", err)
@@ -81,7 +136,7 @@ func (tr *Trainer) save(modelOnly bool) error {
 		return err
 	}
 	if tr.log != nil {
-		what := "checkpoint"
+		what := "checkpoint (full state)"
 		if modelOnly {
 			what = "model-only checkpoint"
 		}
@@ -90,47 +145,132 @@ func (tr *Trainer) save(modelOnly bool) error {
 	return checkpoint.Purge(tr.ckptFolder, tr.Job.Checkpoint.KeepLatestK)
 }
 
-// restore loads the newest full checkpoint in the dump folder (or
-// checkpoint.load_step), as torchtitan resumes a job on its own; without
-// one it loads checkpoint.initial_load_path when set.
-func (tr *Trainer) restore() error {
+// restore takes the dump folder's lock (rank 0, when checkpoints are
+// on: two runs saving into one folder would overwrite and purge each
+// other's checkpoints) and loads the newest
+// full checkpoint in the checkpoint folder (or checkpoint.load_step), as
+// torchtitan resumes a job on its own; without one it loads
+// checkpoint.initial_load_path when set.
+//
+// Nothing is skipped silently: step folders that are incomplete or
+// corrupt are named in a warning with the reason and passed over when an
+// older intact full checkpoint remains (and are an error naming them
+// when none does: training from step 1 would discard them), as are
+// newer model-only checkpoints (the final saves of finished runs); a
+// folder holding only model-only checkpoints is an error unless
+// checkpoint.initial_load_path names one, because resuming from weights
+// alone (a fresh optimizer, the data from its start) is not a resume.
+// checkpoint.load_step must name a full, intact checkpoint.
+func (tr *Trainer) restore() (err error) {
 	ck := tr.Job.Checkpoint
 	if !ck.Enable {
 		return nil
 	}
-	steps, err := checkpoint.Steps(tr.ckptFolder)
+	if tr.dist.Rank == 0 {
+		if tr.ck.lock, err = checkpoint.Acquire(tr.Job.Job.DumpFolder); err != nil {
+			return fmt.Errorf("job.dump_folder: %w", err)
+		}
+		defer func() {
+			if err != nil {
+				tr.unlock()
+			}
+		}()
+	}
+	infos, problems, err := checkpoint.Scan(tr.ckptFolder)
 	if err != nil {
 		return err
 	}
-	if ck.LoadStep >= 0 {
-		if !slices.Contains(steps, ck.LoadStep) {
-			return fmt.Errorf("checkpoint.load_step %d: no checkpoint of that step in %s (have %v)", ck.LoadStep, tr.ckptFolder, steps)
+	for _, p := range problems {
+		if ck.LoadStep >= 0 && p.Step == ck.LoadStep {
+			return fmt.Errorf("checkpoint.load_step %d: %s cannot be loaded: %w", ck.LoadStep, p.Dir, p.Err)
 		}
-		steps = []int{ck.LoadStep}
+		tr.note("titan: warning: skipping checkpoint %s: %v", p.Dir, p.Err)
 	}
-	for i := len(steps) - 1; i >= 0; i-- {
-		dir := checkpoint.StepDir(tr.ckptFolder, steps[i])
-		r, err := checkpoint.Open(dir)
-		if err != nil {
-			return err
-		}
-		if _, ok := r.Meta.Blobs["train_state.json"]; !ok {
-			if i == len(steps)-1 && ck.LoadStep < 0 {
-				// The final model-only save of a finished run.
-				return tr.loadModelOnly(r, steps[i])
+	if ck.LoadStep >= 0 {
+		i := slices.IndexFunc(infos, func(in checkpoint.Info) bool { return in.Step == ck.LoadStep })
+		if i < 0 {
+			have := make([]int, len(infos))
+			for j, in := range infos {
+				have[j] = in.Step
 			}
+			return fmt.Errorf("checkpoint.load_step %d: no checkpoint of that step in %s (have %v)", ck.LoadStep, tr.ckptFolder, have)
+		}
+		in := infos[i]
+		if !in.Meta.Full() {
+			return fmt.Errorf("checkpoint.load_step %d: %s is a model-only checkpoint (no optimizer, data loader or step to resume); to start from its weights set checkpoint.initial_load_path=%s and leave load_step at -1", ck.LoadStep, in.Dir, in.Dir)
+		}
+		r, err := openVerified(in.Dir)
+		if err != nil {
+			return fmt.Errorf("checkpoint.load_step %d: %w", ck.LoadStep, err)
+		}
+		return tr.loadFull(r)
+	}
+	var newerModelOnly, unloadable []string
+	for i := len(infos) - 1; i >= 0; i-- {
+		in := infos[i]
+		if !in.Meta.Full() {
+			newerModelOnly = append(newerModelOnly, filepath.Base(in.Dir))
 			continue
+		}
+		r, err := openVerified(in.Dir)
+		if err != nil {
+			tr.note("titan: warning: skipping checkpoint %s: %v", in.Dir, err)
+			unloadable = append(unloadable, fmt.Sprintf("%s: %v", in.Dir, err))
+			continue
+		}
+		if len(newerModelOnly) > 0 {
+			tr.note("titan: %s model-only (no training state); resuming from the full state of %s", strings.Join(newerModelOnly, ", ")+isAre(len(newerModelOnly)), in.Dir)
 		}
 		return tr.loadFull(r)
 	}
 	if ck.InitialLoadPath != "" {
-		r, err := checkpoint.Open(ck.InitialLoadPath)
+		dir, err := modelfile.Resolve(ck.InitialLoadPath)
 		if err != nil {
 			return fmt.Errorf("checkpoint.initial_load_path: %w", err)
 		}
-		return tr.loadModelOnly(r, 0)
+		r, err := openVerified(dir)
+		if err != nil {
+			return fmt.Errorf("checkpoint.initial_load_path: %w", err)
+		}
+		if err := tr.loadModelOnly(r, 0); err != nil {
+			return fmt.Errorf("checkpoint.initial_load_path: %w", err)
+		}
+		tr.note("titan: initial weights from %s (%s checkpoint of step %d, loaded model-only as checkpoint.initial_load_path asks: step, optimizer and data loader start fresh)", dir, r.Meta.Kind(), r.Meta.Step)
+		return nil
+	}
+	if len(newerModelOnly) > 0 {
+		return fmt.Errorf("checkpoint: %s holds only model-only checkpoints (%s), no training state to resume; to train on from those weights set checkpoint.initial_load_path=%s (a fresh optimizer and data loader), or choose another job.dump_folder", tr.ckptFolder, strings.Join(newerModelOnly, ", "), infos[len(infos)-1].Dir)
+	}
+	if len(problems) > 0 || len(unloadable) > 0 {
+		var why []string
+		for _, p := range problems {
+			why = append(why, p.Error())
+		}
+		why = append(why, unloadable...)
+		return fmt.Errorf("checkpoint: %s holds no intact checkpoint to resume from, only damaged ones: %s; starting again from step 1 would discard them, so move them away (or choose another job.dump_folder) to train from scratch", tr.ckptFolder, strings.Join(why, "; "))
 	}
 	return nil
+}
+
+// isAre is " is" or " are", after a list of n names.
+func isAre(n int) string {
+	if n == 1 {
+		return " is"
+	}
+	return " are"
+}
+
+// openVerified opens the checkpoint in dir and checks every checksum
+// before anything of it is loaded.
+func openVerified(dir string) (*checkpoint.Reader, error) {
+	r, err := checkpoint.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.Verify(); err != nil {
+		return nil, err
+	}
+	return r, nil
 }
 
 // loadTensor reads the tensors prefix+<parameter> into dst, a flat
@@ -158,7 +298,7 @@ func (tr *Trainer) loadModelOnly(r *checkpoint.Reader, step int) error {
 }
 
 func (tr *Trainer) loadFull(r *checkpoint.Reader) error {
-	raw, err := r.Blob("train_state.json")
+	raw, err := r.Blob(checkpoint.TrainStateBlob)
 	if err != nil {
 		return err
 	}

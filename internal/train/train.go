@@ -51,6 +51,7 @@ type Trainer struct {
 	elapsed    float64 // seconds of training before this process (resumed runs)
 	schedStart int     // step the learning-rate schedule counts from (checkpoint.exclude_from_loading lr_scheduler)
 	ckptFolder string
+	ck         ckptState // checkpoint bookkeeping (state.go)
 	dev        Device
 	// mesh is the device mesh and groups its communication groups,
 	// built once.
@@ -326,8 +327,9 @@ func (tr *Trainer) checkMemory() error {
 	return nil
 }
 
-// Close releases the backend.
+// Close releases the backend and the dump folder.
 func (tr *Trainer) Close() {
+	tr.unlock()
 	if c, ok := tr.be.(interface{ Close() }); ok {
 		c.Close()
 	}
@@ -367,6 +369,7 @@ func (tr *Trainer) Run(ctx context.Context) error {
 		tr.log.Printf("titan: warning: %s", w)
 	}
 	watch := memplan.NewLossWatch(tr.fam.VocabSize(), job.Optimizer.LR)
+	tr.logNotes()
 	if tr.Step > 0 {
 		tr.log.Printf("titan: resumed from %s at step %d", checkpointDir(tr.ckptFolder, tr.Step), tr.Step)
 	}
@@ -470,7 +473,7 @@ func (tr *Trainer) Run(ctx context.Context) error {
 		}
 	}
 	if job.Checkpoint.Enable {
-		return tr.save(job.Checkpoint.LastSaveModelOnly)
+		return tr.saveLast()
 	}
 	return nil
 }
