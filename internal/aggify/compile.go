@@ -36,6 +36,9 @@ func Compile(f *Func) (*Rewrite, error) {
 	c := &compiler{f: f, out: &Rewrite{Func: f, Aggified: f.Name + "_aggified"}}
 	c.nloops = countLoops(f.Body)
 	if c.nloops == 0 {
+		if op := findOpaque(f.Body); op != nil {
+			return nil, &Error{Func: f.Name, Line: op.Line, Construct: op.Kind, Reason: op.Reason}
+		}
 		return nil, &Error{Func: f.Name, Line: f.Line, Construct: "function body", Reason: "no FOR … IN query LOOP to rewrite"}
 	}
 	if err := c.elimAll(f.Body, nil, func(b []Stmt) { f.Body = b }); err != nil {

@@ -196,3 +196,53 @@ func TestEquivalence(t *testing.T) {
 }
 
 func sorted(s []string) []string { sort.Strings(s); return s }
+
+// TestAnalyzeModes runs a built-in analysis through Program.Analyze in each
+// mode: loop and aggregate agree, and auto measures once, then follows its
+// recorded choice.
+func TestAnalyzeModes(t *testing.T) {
+	conn := freshDB(t, "aggify_modes")
+	load(t, conn, testRuns[:3])
+	ctx := context.Background()
+	b, _ := LookupBuiltin("loss_ema")
+	p, err := CompileFile(b.Source)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Install(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"a-1", "0.1"}
+	loop, err := p.Analyze(ctx, conn, ModeLoop, args, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	agg, err := p.Analyze(ctx, conn, ModeAggregate, args, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(loop.Rows) != fmt.Sprint(agg.Rows) || len(loop.Rows) != 1 || loop.Rows[0][0] == "NULL" {
+		t.Fatalf("loop %v, aggregate %v", loop.Rows, agg.Rows)
+	}
+	cache := t.TempDir() + "/modes.json"
+	first, err := p.Analyze(ctx, conn, ModeAuto, args, cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(first.Note, "measured") {
+		t.Errorf("first auto run: note %q, want a measurement", first.Note)
+	}
+	second, err := p.Analyze(ctx, conn, ModeAuto, args, cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.Mode != first.Mode || !strings.Contains(second.Note, "earlier measurement") {
+		t.Errorf("second auto run: %s %q, want %s from the cache", second.Mode, second.Note, first.Mode)
+	}
+	if fmt.Sprint(second.Rows) != fmt.Sprint(loop.Rows) {
+		t.Errorf("auto %v, loop %v", second.Rows, loop.Rows)
+	}
+	if _, err := p.Query(ModeLoop, []string{"a-1"}); err == nil {
+		t.Error("wrong number of arguments: no error")
+	}
+}

@@ -181,7 +181,7 @@ func (p *Program) Query(mode Mode, args []string) (string, error) {
 	for i, a := range args {
 		lits = append(lits, "'"+strings.ReplaceAll(a, "'", "''")+"'::"+in[i].Type)
 	}
-	return fmt.Sprintf("SELECT * FROM %s(%s)", name, strings.Join(lits, ", ")), nil
+	return fmt.Sprintf("SELECT * FROM %s(%s) AS %s", name, strings.Join(lits, ", "), ident(r.Func.Name)), nil
 }
 
 // Run executes the program's query in mode (loop or aggregate) on conn.
