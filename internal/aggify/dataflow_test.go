@@ -29,10 +29,10 @@ func fn(decl, body string) string {
 func TestDataflowSets(t *testing.T) {
 	empty := []string{}
 	cases := []struct {
-		name                                          string
-		src                                           string
+		name                                         string
+		src                                          string
 		fetch, state, params, locals, results, order []string
-		early                                         bool
+		early                                        bool
 	}{
 		{"streak (paper L4)", `CREATE FUNCTION s(p_run text) RETURNS int LANGUAGE plpgsql AS $$
 DECLARE rec record; prev_loss float8 := NULL; cur int := 0; best int := 0;
