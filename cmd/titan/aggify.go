@@ -97,7 +97,9 @@ func newAnalyzeCmd() *cobra.Command {
 		Long: `Install the functions of FILE.sql (or a built-in analysis) and their rewrites
 on the database and run the file's last query, or else its function called
 with ARGs (cast to the parameter types). --mode loop runs the function as
-written, aggregate the _aggified one; auto runs both the first time a file
+written, aggregate the _aggified one, client the function interpreted in Go
+over rows fetched from the database (the client-side loop); auto runs both
+loop and aggregate the first time a file
 is analysed, checks they agree, prints the faster one's result and records
 the choice in --cache, which later auto runs follow (delete it to measure
 again: the choice reflects the data it was measured on).`,
@@ -109,8 +111,8 @@ again: the choice reflects the data it was measured on).`,
 				return fmt.Errorf("--db URL is required")
 			}
 			m := aggify.Mode(mode)
-			if m != aggify.ModeLoop && m != aggify.ModeAggregate && m != aggify.ModeAuto {
-				return fmt.Errorf("--mode %q: want loop, aggregate or auto", mode)
+			if m != aggify.ModeLoop && m != aggify.ModeAggregate && m != aggify.ModeAuto && m != "client" {
+				return fmt.Errorf("--mode %q: want loop, aggregate, auto or client", mode)
 			}
 			src, err := readAnalysis(args[0])
 			if err != nil {
@@ -136,7 +138,12 @@ again: the choice reflects the data it was measured on).`,
 				}
 				cache = filepath.Join(dir, "titan", "aggify-modes.json")
 			}
-			res, err := p.Analyze(ctx, conn, m, args[1:], cache)
+			var res *aggify.Result
+			if m == "client" {
+				res, err = p.Client(ctx, conn, args[1:])
+			} else {
+				res, err = p.Analyze(ctx, conn, m, args[1:], cache)
+			}
 			if err != nil {
 				return err
 			}
@@ -154,7 +161,7 @@ again: the choice reflects the data it was measured on).`,
 		},
 	}
 	cmd.Flags().StringVar(&db, "db", "", "PostgreSQL connection URL")
-	cmd.Flags().StringVar(&mode, "mode", "auto", "loop, aggregate or auto")
+	cmd.Flags().StringVar(&mode, "mode", "auto", "loop, aggregate, auto or client")
 	cmd.Flags().StringVar(&cache, "cache", "", "where auto records its choice (default: the user cache folder, titan/aggify-modes.json)")
 	return cmd
 }

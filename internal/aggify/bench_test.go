@@ -144,6 +144,24 @@ func BenchmarkAggifyClient(b *testing.B) {
 		run  func() (map[string]float64, error)
 	}{
 		{"go-loop-over-fetched-rows", func() (map[string]float64, error) { return emaClient(ctx, conn, 0.1) }},
+		{"ir-interpreter-over-fetched-rows-per-run", func() (map[string]float64, error) {
+			file, err := ParseFile(mustBuiltin("loss_ema"))
+			if err != nil {
+				return nil, err
+			}
+			out := map[string]float64{}
+			for i := 0; i < benchRuns; i++ {
+				id := fmt.Sprintf("run-%04d", i)
+				v, err := Interpret(ctx, file.Funcs[0], []Value{id, 0.1}, PgxRows(conn))
+				if err != nil {
+					return nil, err
+				}
+				if v[0] != nil {
+					out[id] = v[0].(float64)
+				}
+			}
+			return out, nil
+		}},
 		{"aggregate-group-by", func() (map[string]float64, error) {
 			return scalarRows(ctx, conn, "SELECT run_id, loss_ema_agg(m, 0.1, NULL::float8 ORDER BY step) FROM metrics m GROUP BY run_id")
 		}},
@@ -199,4 +217,12 @@ func BenchmarkAggifyServer(b *testing.B) {
 			b.ReportMetric(float64(n.Load()), "B-received/op")
 		})
 	}
+}
+
+func mustBuiltin(name string) string {
+	b, ok := LookupBuiltin(name)
+	if !ok {
+		panic(name)
+	}
+	return b.Source
 }

@@ -264,3 +264,117 @@ func (p *Program) Analyze(ctx context.Context, conn *pgx.Conn, mode Mode, args [
 	best.Note = fmt.Sprintf("auto: measured loop %v, aggregate %v (same result); chose %s and recorded it in %s", loop.Elapsed.Round(time.Microsecond), agg.Elapsed.Round(time.Microsecond), best.Mode, cacheFile)
 	return best, nil
 }
+
+// PgxRows returns a Rows that runs cursor queries on conn.
+func PgxRows(conn *pgx.Conn) Rows {
+	return func(ctx context.Context, sql string, args []any, buffer bool, yield func(map[string]Value) bool) error {
+		rows, err := conn.Query(ctx, sql, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		fds := rows.FieldDescriptions()
+		var buf []map[string]Value
+		for rows.Next() {
+			vals, err := rows.Values()
+			if err != nil {
+				return err
+			}
+			row := make(map[string]Value, len(vals))
+			for i, v := range vals {
+				row[fds[i].Name] = normalize(v)
+			}
+			if buffer {
+				buf = append(buf, row)
+			} else if !yield(row) {
+				break
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		rows.Close()
+		for _, row := range buf {
+			if !yield(row) {
+				break
+			}
+		}
+		return nil
+	}
+}
+
+// normalize maps pgx's Go values onto the interpreter's (int64, float64,
+// string, bool, nil).
+func normalize(v any) Value {
+	switch x := v.(type) {
+	case int16:
+		return int64(x)
+	case int32:
+		return int64(x)
+	case float32:
+		return float64(x)
+	}
+	return v
+}
+
+// Client runs the file's last compiled function in Go (Interpret) over
+// rows fetched from conn: the cursor loop executed client-side. args are
+// SQL literals, cast to the parameter types by the server.
+func (p *Program) Client(ctx context.Context, conn *pgx.Conn, args []string) (*Result, error) {
+	if len(p.Queries) > 0 {
+		return nil, errors.New("aggify: client mode runs a function, not the file's own query")
+	}
+	file, err := ParseFile(p.Source) // a fresh IR: Compile consumed the first
+	if err != nil {
+		return nil, err
+	}
+	f := file.Funcs[len(file.Funcs)-1]
+	r := p.Rewrites[len(p.Rewrites)-1]
+	q, err := p.Query(ModeLoop, args)
+	if err != nil {
+		return nil, err
+	}
+	// The argument literals, evaluated and typed by the server.
+	lits := strings.TrimSuffix(strings.SplitN(q, "(", 2)[1], ") AS "+ident(r.Func.Name))
+	start := time.Now()
+	var vals []Value
+	if len(args) > 0 {
+		row, err := conn.Query(ctx, "SELECT "+lits)
+		if err != nil {
+			return nil, err
+		}
+		for row.Next() {
+			raw, err := row.Values()
+			if err != nil {
+				row.Close()
+				return nil, err
+			}
+			for _, v := range raw {
+				vals = append(vals, normalize(v))
+			}
+		}
+		row.Close()
+	}
+	out, err := Interpret(ctx, f, vals, PgxRows(conn))
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{Mode: "client", Elapsed: time.Since(start)}
+	if f.Returns != "" {
+		res.Columns = []string{f.Name}
+	} else {
+		for _, o := range f.OutParams() {
+			res.Columns = append(res.Columns, o.Name)
+		}
+	}
+	row := make([]string, len(out))
+	for i, v := range out {
+		if v == nil {
+			row[i] = "NULL"
+		} else {
+			row[i] = textOfValue(v)
+		}
+	}
+	res.Rows = [][]string{row}
+	return res, nil
+}
