@@ -509,6 +509,10 @@ func (c *compiler) loop(L *ForQuery) (Stmt, error) {
 			return nil, refuse(L.Line, "variable "+v.Name, "it has the name of a column of the cursor query, which the rewritten query would make ambiguous")
 		}
 	}
+	a.aggregate = base
+	if early {
+		a.done = f.vars[fmt.Sprintf("_done_%d", L.Line)]
+	}
 	c.out.Loops = append(c.out.Loops, a)
 	if len(a.results) == 0 {
 		// No live-out variable and no side effects: the loop is dead.

@@ -306,6 +306,10 @@ type LoopAnalysis struct {
 	EarlyExit bool
 
 	state, init, params, locals, results []*Var
+	fn                                   *Func
+	loop                                 *ForQuery // after jump elimination; inner loops are AggCalls
+	done                                 *Var
+	aggregate                            string // the CREATE AGGREGATE name
 }
 
 // analyzeLoop runs the analysis on loop L of f; liveOut is what is live
@@ -326,7 +330,7 @@ func analyzeLoop(f *Func, L *ForQuery, liveOut varSet, early bool) (*LoopAnalysi
 	}
 	asg := assigned(L.Body, varSet{})
 	delete(asg, L.Rec)
-	a := &LoopAnalysis{Line: L.Line, Record: L.Rec.Name, Fetch: fetched(L.Body, L.Rec), OrderBy: L.Query.OrderBy, EarlyExit: early}
+	a := &LoopAnalysis{Line: L.Line, Record: L.Rec.Name, Fetch: fetched(L.Body, L.Rec), OrderBy: L.Query.OrderBy, EarlyExit: early, fn: f, loop: L}
 	for v := range asg {
 		if v.Kind == Implicit {
 			continue

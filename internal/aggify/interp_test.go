@@ -114,3 +114,26 @@ func rowValues(t *testing.T, ctx context.Context, conn *pgx.Conn, q string) []Va
 	}
 	return out
 }
+
+func rowValuesArgs(t *testing.T, ctx context.Context, conn *pgx.Conn, q string, args []any) []Value {
+	t.Helper()
+	rows, err := conn.Query(ctx, q, args...)
+	if err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	defer rows.Close()
+	var out []Value
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range vals {
+			out = append(out, normalize(v))
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return out
+}
