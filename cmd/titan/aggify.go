@@ -78,6 +78,9 @@ construct and line.`,
 				for _, l := range r.Loops {
 					fmt.Fprintf(cmd.OutOrStdout(), "-- %s, loop at line %d: fetch %v, state %v, parameters %v, locals %v, results %v, order %v, early exit %v\n",
 						r.Func.Name, l.Line, l.Fetch, l.State, l.Params, l.Locals, l.Results, l.OrderBy, l.EarlyExit)
+					if len(l.OrderBy) > 0 {
+						fmt.Fprintln(cmd.OutOrStdout(), "--   rows that tie on the ORDER BY keys may reach the aggregate in another order than the loop saw them: keep the keys unique (e.g. end with step)")
+					}
 				}
 			}
 			fmt.Fprint(cmd.OutOrStdout(), p.SQL())
