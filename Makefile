@@ -4,7 +4,7 @@ BIN     ?= bin/titan
 RECIPE  ?= recipes/llama3_debug.toml
 PKGS    := ./...
 
-.PHONY: all build train test test-race bench bench-gemm bench-step bench-comm bench-generate lint fmt vet clean golden
+.PHONY: all build train test test-race bench bench-gemm bench-step bench-comm bench-generate bench-aggify lint fmt vet clean golden
 
 all: build
 
@@ -40,6 +40,11 @@ bench-step: build
 ## bench-comm: allreduce bus bandwidth against PyTorch's Gloo, side by side.
 bench-comm:
 	bash bench/gloo/compare.sh
+
+## bench-aggify: a cursor loop (Go client over fetched rows, PL/pgSQL) against
+## its Aggify rewrite on a throwaway PostgreSQL, 1,000 runs × 1,000 steps.
+bench-aggify:
+	$(GO) test -run '^$$' -bench Aggify -benchtime 2x ./internal/aggify
 
 ## bench-generate: Hyena generation, flash against lazy and eager long
 ## convolutions, 2^10..2^17 positions (about 10 minutes; bench/generate).

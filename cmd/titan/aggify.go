@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/spf13/cobra"
+
+	"github.com/titan-go/titan/internal/aggify"
+)
+
+// readAnalysis reads FILE.sql, or the built-in analysis of that name.
+func readAnalysis(arg string) (string, error) {
+	b, err := os.ReadFile(arg)
+	if err == nil {
+		return string(b), nil
+	}
+	if bi, ok := aggify.LookupBuiltin(strings.TrimSuffix(filepath.Base(arg), ".sql")); ok && !strings.ContainsRune(arg, os.PathSeparator) {
+		return bi.Source, nil
+	}
+	return "", fmt.Errorf("%w (built-in analyses: %s)", err, builtinNames())
+}
+
+func builtinNames() string {
+	var names []string
+	for _, b := range aggify.Builtins() {
+		names = append(names, b.Name)
+	}
+	return strings.Join(names, ", ")
+}
+
+func newAggifyCmd() *cobra.Command {
+	var dialect string
+	var list bool
+	cmd := &cobra.Command{
+		Use:   "aggify FILE.sql",
+		Short: "Rewrite PL/pgSQL cursor loops into custom aggregates (Aggify)",
+		Long: `Compile every FOR rec IN SELECT … LOOP of the PL/pgSQL functions in FILE.sql
+into a custom aggregate and print the PostgreSQL script: per loop a state
+type, a transition and a final function and CREATE AGGREGATE, then
+<name>_aggified with the function's parameters and result, which runs the
+aggregate in one query instead of the loop. FILE may also name a built-in
+analysis (--list). A loop that cannot be rewritten is refused with the
+construct and line.`,
+		Example: `  titan aggify analyses/loss_ema.sql --dialect postgres
+  titan aggify loss_ema
+  titan aggify --list`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if list {
+				return cobra.NoArgs(cmd, args)
+			}
+			return cobra.ExactArgs(1)(cmd, args)
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if list {
+				for _, b := range aggify.Builtins() {
+					fmt.Fprintln(cmd.OutOrStdout(), b.Name)
+				}
+				return nil
+			}
+			if dialect != "postgres" {
+				return fmt.Errorf("--dialect %q: only postgres is implemented (sqlite is planned)", dialect)
+			}
+			src, err := readAnalysis(args[0])
+			if err != nil {
+				return err
+			}
+			p, err := aggify.CompileFile(src)
+			if err != nil {
+				return err
+			}
+			for _, r := range p.Rewrites {
+				for _, l := range r.Loops {
+					fmt.Fprintf(cmd.OutOrStdout(), "-- %s, loop at line %d: fetch %v, state %v, parameters %v, locals %v, results %v, order %v, early exit %v\n",
+						r.Func.Name, l.Line, l.Fetch, l.State, l.Params, l.Locals, l.Results, l.OrderBy, l.EarlyExit)
+					if len(l.OrderBy) > 0 {
+						fmt.Fprintln(cmd.OutOrStdout(), "--   rows that tie on the ORDER BY keys may reach the aggregate in another order than the loop saw them: keep the keys unique (e.g. end with step)")
+					}
+				}
+			}
+			fmt.Fprint(cmd.OutOrStdout(), p.SQL())
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dialect, "dialect", "postgres", "target database (postgres)")
+	cmd.Flags().BoolVar(&list, "list", false, "list the built-in analyses")
+	return cmd
+}
+
+func newAnalyzeCmd() *cobra.Command {
+	var db, mode, cache string
+	cmd := &cobra.Command{
+		Use:   "analyze FILE.sql [ARG...]",
+		Short: "Run a cursor-loop analysis, or its aggified rewrite, on PostgreSQL",
+		Long: `Install the functions of FILE.sql (or a built-in analysis) and their rewrites
+on the database and run the file's last query, or else its function called
+with ARGs (cast to the parameter types). --mode loop runs the function as
+written, aggregate the _aggified one, client the function interpreted in Go
+over rows fetched from the database (the client-side loop); auto runs both
+loop and aggregate the first time a file
+is analysed, checks they agree, prints the faster one's result and records
+the choice in --cache, which later auto runs follow (delete it to measure
+again: the choice reflects the data it was measured on).`,
+		Example: `  titan analyze loss_ema --db postgres://localhost/titan run-42 0.1
+  titan analyze leaderboard --db "$DATABASE_URL" --mode aggregate`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if db == "" {
+				return fmt.Errorf("--db URL is required")
+			}
+			m := aggify.Mode(mode)
+			if m != aggify.ModeLoop && m != aggify.ModeAggregate && m != aggify.ModeAuto && m != "client" {
+				return fmt.Errorf("--mode %q: want loop, aggregate, auto or client", mode)
+			}
+			src, err := readAnalysis(args[0])
+			if err != nil {
+				return err
+			}
+			p, err := aggify.CompileFile(src)
+			if err != nil {
+				return err
+			}
+			ctx := context.Background()
+			conn, err := pgx.Connect(ctx, db)
+			if err != nil {
+				return err
+			}
+			defer conn.Close(ctx)
+			if err := p.Install(ctx, conn); err != nil {
+				return err
+			}
+			if cache == "" {
+				dir, err := os.UserCacheDir()
+				if err != nil {
+					dir = os.TempDir()
+				}
+				cache = filepath.Join(dir, "titan", "aggify-modes.json")
+			}
+			var res *aggify.Result
+			if m == "client" {
+				res, err = p.Client(ctx, conn, args[1:])
+			} else {
+				res, err = p.Analyze(ctx, conn, m, args[1:], cache)
+			}
+			if err != nil {
+				return err
+			}
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, strings.Join(res.Columns, "\t"))
+			for _, row := range res.Rows {
+				fmt.Fprintln(w, strings.Join(row, "\t"))
+			}
+			w.Flush()
+			fmt.Fprintf(cmd.ErrOrStderr(), "%s: %v\n", res.Mode, res.Elapsed)
+			if res.Note != "" {
+				fmt.Fprintln(cmd.ErrOrStderr(), res.Note)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&db, "db", "", "PostgreSQL connection URL")
+	cmd.Flags().StringVar(&mode, "mode", "auto", "loop, aggregate, auto or client")
+	cmd.Flags().StringVar(&cache, "cache", "", "where auto records its choice (default: the user cache folder, titan/aggify-modes.json)")
+	return cmd
+}
