@@ -340,8 +340,11 @@ func (w *writer) fail(err error) {
 	w.down, w.lastErr = true, err
 	w.backoff = min(max(2*w.backoff, o.RetryMin), o.RetryMax)
 	w.retryAt = time.Now().Add(w.backoff)
-	// The store stays open: database/sql reconnects to PostgreSQL by
-	// itself, and a SQLite file's errors (full, locked) pass.
+	// The next attempt opens the store afresh (and checks its schema).
+	if w.store != nil {
+		w.store.Close()
+		w.store = nil
+	}
 	w.toSpool()
 }
 
