@@ -123,14 +123,14 @@ type engine struct {
 // stage is one of this rank's pipeline stages.
 type stage struct {
 	index int
-	flat  model.Range  // its part of the tp rank's flat buffer
-	off   int          // its offset in the local buffer
-	n     int          // its length in the local buffer: flat and copies
+	flat  model.Range // its part of the tp rank's flat buffer
+	off   int         // its offset in the local buffer
+	n     int         // its length in the local buffer: flat and copies
 	// copies are the stage's copies of other stages' parameters (see
 	// model.Copy), Local relative to the stage's part buffer.
 	copies []model.Copy
-	unit0 int          // its first unit in the runtime's numbering
-	parts []model.Part // every activation set (training and validation)
+	unit0  int          // its first unit in the runtime's numbering
+	parts  []model.Part // every activation set (training and validation)
 }
 
 // newStage describes stage index of spec on a tp rank (its offset in the
