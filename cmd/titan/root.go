@@ -21,7 +21,7 @@ Start with the built-in debug recipe, which needs no download:
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newTrainCmd(), newEvalCmd(), newGenerateCmd(), newCheckpointCmd(), newTokenizerCmd(), newConfigCmd(), newBenchCmd(), newDebugCmd(), newVersionCmd())
+	root.AddCommand(newTrainCmd(), newEvalCmd(), newGenerateCmd(), newCheckpointCmd(), newTokenizerCmd(), newConfigCmd(), newBenchCmd(), newRunsCmd(), newDebugCmd(), newVersionCmd())
 	return root
 }
 

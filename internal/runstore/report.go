@@ -105,7 +105,7 @@ func Show(ctx context.Context, w io.Writer, s *Store, id string, o ShowOptions) 
 		{"status", status},
 		{"recipe", recipe},
 		{"model", r.Model + " " + r.Flavor},
-		{"layout", fmt.Sprintf("%s (%d ranks)", r.Layout, r.World)},
+		{"layout", fmt.Sprintf("%s (%s)", r.Layout, plural(r.World, "rank"))},
 		{"host", r.Host},
 		{"titan", r.Version},
 		{"description", r.Description},
@@ -255,6 +255,13 @@ func recipeName(path string) string {
 		return "(defaults)"
 	}
 	return strings.TrimSuffix(filepath.Base(path), ".toml")
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }
 
 func num(x *float64, format string) string {
