@@ -200,11 +200,20 @@ func (r *Recorder) Close(status Status, errText string, timeout time.Duration) (
 	res := r.result
 	res.Dropped += int(r.dropped.Load())
 	if res.Spooled > 0 || res.Dropped > 0 {
-		what := fmt.Sprintf("%d events spooled to %s (flushed at the next run in the same dump folder)", res.Spooled, res.Spool)
-		if res.Dropped > 0 {
-			what += fmt.Sprintf(", %d dropped", res.Dropped)
+		var what string
+		if res.Spooled > 0 {
+			what = fmt.Sprintf("%d events spooled to %s (flushed at the next run in the same dump folder)", res.Spooled, res.Spool)
 		}
-		return res, fmt.Errorf("runstore: run %s not fully recorded in %s: %s: %v", r.id, Redact(r.opt.Target), what, res.Err)
+		if res.Dropped > 0 {
+			if what != "" {
+				what += ", "
+			}
+			what += fmt.Sprintf("%d dropped (the queue was full)", res.Dropped)
+		}
+		if res.Err != nil {
+			what += ": " + res.Err.Error()
+		}
+		return res, fmt.Errorf("runstore: run %s not fully recorded in %s: %s", r.id, Redact(r.opt.Target), what)
 	}
 	return res, nil
 }

@@ -288,3 +288,23 @@ func TestSpoolSkipsTornLine(t *testing.T) {
 	}
 	checkRecorded(t, target, "torn", Running, 1)
 }
+
+// BenchmarkRecorderStep is what recording costs the training loop per
+// logged step: one Step, with the writer storing to SQLite behind it. (A
+// loop that does nothing else outruns the writer, so records are dropped
+// once the queue fills; the training loop logs at most once a step.)
+func BenchmarkRecorderStep(b *testing.B) {
+	rec := Start(testRun("bench", time.Now()), Options{Target: filepath.Join(b.TempDir(), "runs.db"), Spool: filepath.Join(b.TempDir(), SpoolFile), Queue: 1 << 20})
+	r := testSteps(1)[0]
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		r.Step = i + 1
+		rec.Step(r)
+	}
+	b.StopTimer()
+	res, _ := rec.Close(Finished, "", time.Minute)
+	if res.Stored+res.Dropped != b.N+2 || res.Spooled != 0 {
+		b.Fatalf("%d steps: %+v", b.N, res)
+	}
+	b.ReportMetric(float64(res.Dropped)/float64(b.N), "dropped/op")
+}

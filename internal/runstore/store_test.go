@@ -390,3 +390,77 @@ func TestRedact(t *testing.T) {
 		t.Errorf("Redact(path) = %s", got)
 	}
 }
+
+// benchStore is a SQLite store holding 100k steps: 10 runs of 10,000.
+func benchStore(b *testing.B) *Store {
+	b.Helper()
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(b.TempDir(), "runs.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	fill(b, s, 10, 10000)
+	return s
+}
+
+// fill records runs runs of n steps each, 100 steps per transaction.
+func fill(b *testing.B, s *Store, runs, n int) {
+	ctx := context.Background()
+	for r := 0; r < runs; r++ {
+		id := fmt.Sprintf("run-%d", r)
+		if err := s.PutRun(ctx, testRun(id, time.Now())); err != nil {
+			b.Fatal(err)
+		}
+		recs := testSteps(n)
+		for i := 0; i < n; i += 100 {
+			if err := s.PutSteps(ctx, id, recs[i:i+100]); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
+
+// BenchmarkStoreInsert100k: 100k metric rows through PutSteps (upserts, 100
+// per transaction) into SQLite, 10 runs of 10,000 steps.
+func BenchmarkStoreInsert100k(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		s, err := Open(context.Background(), filepath.Join(b.TempDir(), "runs.db"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		fill(b, s, 10, 10000)
+		s.Close()
+	}
+	b.ReportMetric(1e5*float64(b.N)/b.Elapsed().Seconds(), "rows/s")
+}
+
+// BenchmarkStoreAggregate: a grouped aggregate over 100k metric rows, and
+// List's summaries of the 10 runs.
+func BenchmarkStoreAggregate(b *testing.B) {
+	s := benchStore(b)
+	ctx := context.Background()
+	b.Run("group-by", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			rows, err := s.DB().QueryContext(ctx, `SELECT run_id, count(*), min(loss), avg(tokens_per_sec), max(mem_gib), avg(val_loss) FROM metrics GROUP BY run_id`)
+			if err != nil {
+				b.Fatal(err)
+			}
+			n := 0
+			for rows.Next() {
+				n++
+			}
+			rows.Close()
+			if n != 10 {
+				b.Fatalf("%d groups", n)
+			}
+		}
+	})
+	b.Run("list", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			if runs, err := s.List(ctx, 0); err != nil || len(runs) != 10 {
+				b.Fatal(err, len(runs))
+			}
+		}
+	})
+}

@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 }
 
 // jsonlRecords reads a dump folder's metrics.jsonl.
-func jsonlRecords(t *testing.T, dump string) []metrics.Record {
+func jsonlRecords(t testing.TB, dump string) []metrics.Record {
 	t.Helper()
 	f, err := os.Open(filepath.Join(dump, "metrics.jsonl"))
 	if err != nil {
