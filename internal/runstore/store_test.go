@@ -383,8 +383,10 @@ func TestStatusOf(t *testing.T) {
 }
 
 func TestRedact(t *testing.T) {
-	if got := Redact("postgres://u:secret@h:5432/db"); strings.Contains(got, "secret") {
-		t.Errorf("Redact kept the password: %s", got)
+	for _, u := range []string{"postgres://u:secret@h:5432/db", "postgresql://u@h/db?sslmode=disable&password=secret"} {
+		if got := Redact(u); strings.Contains(got, "secret") || !strings.Contains(got, "xxxxx") {
+			t.Errorf("Redact(%s) = %s", u, got)
+		}
 	}
 	if got := Redact("/a/runs.db"); got != "/a/runs.db" {
 		t.Errorf("Redact(path) = %s", got)

@@ -100,8 +100,8 @@ func ParseTarget(target string) (kind, where string, err error) {
 	return SQLite, target, nil
 }
 
-// Redact is target with any password of a URL replaced by "xxxxx", for
-// logs and error messages.
+// Redact is target with the password of a URL (user:password@ or
+// ?password=) replaced by "xxxxx", for logs and error messages.
 func Redact(target string) string {
 	if kind, _, err := ParseTarget(target); err != nil || kind != Postgres {
 		return target
@@ -109,6 +109,10 @@ func Redact(target string) string {
 	u, err := url.Parse(target)
 	if err != nil {
 		return target
+	}
+	if q := u.Query(); q.Has("password") {
+		q.Set("password", "xxxxx")
+		u.RawQuery = q.Encode()
 	}
 	return u.Redacted()
 }
