@@ -3,13 +3,16 @@ GO      ?= go
 BIN     ?= bin/titan
 RECIPE  ?= recipes/llama3_debug.toml
 PKGS    := ./...
+# VERSION is stamped into the binary (internal/version), recorded with every run.
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null)
+LDFLAGS := $(if $(VERSION),-X github.com/titan-go/titan/internal/version.Version=$(VERSION))
 
 .PHONY: all build train test test-race bench bench-gemm bench-step bench-comm bench-generate bench-aggify lint fmt vet clean golden
 
 all: build
 
 build:
-	$(GO) build -o $(BIN) ./cmd/titan
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/titan
 
 ## train: the main job — trains the debug Llama on the built-in corpus.
 train: build

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -12,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/titan-go/titan/internal/config"
+	"github.com/titan-go/titan/internal/runstore"
 )
 
 // keyCheck says how TestEveryRecipeKeyIsHonest shows that a recipe key is
@@ -165,6 +168,25 @@ func (r *keysRun) exists(t *testing.T, path string, want bool) {
 
 func steps(m map[int]float64) int { return len(m) }
 
+// storeRuns lists the runs of the run store at target (none when it does
+// not exist).
+func storeRuns(t *testing.T, target string) []runstore.Summary {
+	t.Helper()
+	s, err := runstore.OpenExisting(context.Background(), target)
+	if errors.Is(err, runstore.ErrNoStore) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	runs, err := s.List(context.Background(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return runs
+}
+
 // keyTable has an entry for every recipe key.
 var keyTable = map[string]keyCheck{
 	// [job]
@@ -219,6 +241,37 @@ var keyTable = map[string]keyCheck{
 		}
 	}},
 	"metrics.save_tb_folder": {inertUnless: "metrics.enable_tensorboard"},
+	"metrics.enable_db": {check: func(t *testing.T, h *keysHarness) {
+		on := filepath.Join(t.TempDir(), "on.db")
+		h.ok(t, "metrics.db="+on)
+		if runs := storeRuns(t, on); len(runs) != 1 || runs[0].Status != runstore.Finished || runs[0].Steps != 3 {
+			t.Errorf("metrics.enable_db on (the default): runs %+v, want one finished run of 3 steps", runs)
+		}
+		off := filepath.Join(t.TempDir(), "off.db")
+		h.ok(t, "metrics.db="+off, "metrics.enable_db=false")
+		if _, err := os.Stat(off); err == nil {
+			t.Errorf("metrics.enable_db=false created %s", off)
+		}
+		// Rank 0 alone records: two workers, one run.
+		two := filepath.Join(t.TempDir(), "two.db")
+		h.ok(t, "metrics.db="+two, "--nproc 2", "training.local_batch_size=1")
+		if runs := storeRuns(t, two); len(runs) != 1 || runs[0].World != 2 || runs[0].Steps != 3 {
+			t.Errorf("--nproc 2: runs %+v, want one run of world 2", runs)
+		}
+	}},
+	"metrics.db": {check: func(t *testing.T, h *keysHarness) {
+		// The run goes to metrics.db, not to $TITAN_DB.
+		before := len(storeRuns(t, os.Getenv(runstore.EnvDB)))
+		db := filepath.Join(t.TempDir(), "sub", "mine.db")
+		r := h.ok(t, "metrics.db="+db, "job.description=mine")
+		if runs := storeRuns(t, db); len(runs) != 1 || runs[0].Description != "mine" || runs[0].DumpFolder != r.dump {
+			t.Errorf("metrics.db: runs %+v", runs)
+		}
+		if after := len(storeRuns(t, os.Getenv(runstore.EnvDB))); after != before {
+			t.Errorf("a run with metrics.db also went to %s (%d runs, then %d)", runstore.EnvDB, before, after)
+		}
+		h.fails(t, "metrics.db", "metrics.db=mysql://host/runs")
+	}},
 	"metrics.save_for_all_ranks": {check: func(t *testing.T, h *keysHarness) {
 		r := h.ok(t, "metrics.save_for_all_ranks=true", "--nproc 2", "training.local_batch_size=1")
 		r.exists(t, "metrics.jsonl", true)

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/spf13/cobra"
+
+	"github.com/titan-go/titan/internal/runstore"
 )
 
 // TestMain lets the test binary stand in for titan when a launcher under
@@ -19,7 +21,16 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	os.Setenv("TITANTEST_RUN_MAIN", "1") // inherited by workers only
-	os.Exit(m.Run())
+	// The tests' runs record in a temporary run store, never the user's.
+	dir, err := os.MkdirTemp("", "titan-cmd-test-")
+	if err != nil {
+		panic(err)
+	}
+	os.Setenv(runstore.EnvDB, filepath.Join(dir, "runs.db"))
+	os.Setenv("XDG_DATA_HOME", dir)
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 // titan runs the CLI in-process and returns its output.

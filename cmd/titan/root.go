@@ -3,11 +3,11 @@ package main
 import (
 	"fmt"
 	"runtime"
-	"runtime/debug"
 
 	"github.com/spf13/cobra"
 
 	"github.com/titan-go/titan/internal/backend/cpu/gemm"
+	"github.com/titan-go/titan/internal/version"
 )
 
 func newRootCmd() *cobra.Command {
@@ -21,7 +21,7 @@ Start with the built-in debug recipe, which needs no download:
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newTrainCmd(), newEvalCmd(), newGenerateCmd(), newCheckpointCmd(), newTokenizerCmd(), newConfigCmd(), newBenchCmd(), newDebugCmd(), newAggifyCmd(), newAnalyzeCmd(), newVersionCmd())
+	root.AddCommand(newTrainCmd(), newEvalCmd(), newGenerateCmd(), newCheckpointCmd(), newTokenizerCmd(), newConfigCmd(), newBenchCmd(), newRunsCmd(), newDebugCmd(), newAggifyCmd(), newAnalyzeCmd(), newVersionCmd())
 	return root
 }
 
@@ -32,11 +32,7 @@ func newVersionCmd() *cobra.Command {
 		Example: "  titan version",
 		Args:    cobra.NoArgs,
 		Run: func(cmd *cobra.Command, _ []string) {
-			v := "devel"
-			if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-				v = bi.Main.Version
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "titan %s (%s, %s/%s, gemm kernel %s)\n", v, runtime.Version(), runtime.GOOS, runtime.GOARCH, gemm.Kernel())
+			fmt.Fprintf(cmd.OutOrStdout(), "titan %s (%s, %s/%s, gemm kernel %s)\n", version.String(), runtime.Version(), runtime.GOOS, runtime.GOARCH, gemm.Kernel())
 		},
 	}
 }

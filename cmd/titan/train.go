@@ -97,6 +97,7 @@ worker and no flag is needed.`,
 					return err
 				}
 				defer tr.Close()
+				tr.RecipePath = rf.recipe
 				return tr.Run(ctx)
 			})
 			if errors.Is(err, context.Canceled) || errors.Is(err, launch.ErrInterrupted) {

@@ -11,33 +11,30 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/titan-go/titan/internal/pgtest"
 	"github.com/titan-go/titan/internal/testenv"
 )
 
 // One PostgreSQL cluster per test binary, started on first use.
 var (
 	pgOnce sync.Once
-	pgSrv  *pgtest.Server
+	pgSrv  *testenv.PG
 	pgErr  error
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	pgSrv.Stop()
+	if pgSrv != nil {
+		pgSrv.Close()
+	}
 	os.Exit(code)
 }
 
 // server returns the shared cluster; a missing PostgreSQL skips the test,
 // or fails it with CI=true.
-func server(tb testing.TB) *pgtest.Server {
+func server(tb testing.TB) *testenv.PG {
 	tb.Helper()
-	pgOnce.Do(func() { pgSrv, pgErr = pgtest.Start() })
-	what := "PostgreSQL server"
-	if pgErr != nil {
-		what += " (" + pgErr.Error() + ")"
-	}
-	testenv.Require(tb, what, pgErr == nil)
+	pgOnce.Do(func() { pgSrv, pgErr = testenv.StartPostgres() })
+	testenv.RequirePostgres(tb, pgErr)
 	return pgSrv
 }
 

@@ -130,6 +130,17 @@ type Metrics struct {
 	SaveTBFolder string `toml:"save_tb_folder" mapstructure:"save_tb_folder"`
 	// SaveForAllRanks writes metrics from every rank, not only rank 0.
 	SaveForAllRanks bool `toml:"save_for_all_ranks" mapstructure:"save_for_all_ranks"`
+	// EnableDB records the run — its resolved recipe, layout, status and
+	// every logged step — in the run store (package runstore), where
+	// `titan runs list|show|compare` find it. Rank 0 records, off the
+	// training path. titan only.
+	EnableDB bool `toml:"enable_db" mapstructure:"enable_db"`
+	// DB is the run store: a SQLite file path (relative to the working
+	// directory) or a postgres:// (postgresql://) URL. "" means the
+	// TITAN_DB environment variable, else the user's default file
+	// (runstore.DefaultPath: $XDG_DATA_HOME/titan/runs.db, by default
+	// ~/.local/share/titan/runs.db). titan only.
+	DB string `toml:"db" mapstructure:"db"`
 }
 
 // Model is the [model] section: which model, at which size, with which
@@ -404,6 +415,7 @@ func Default() *Job {
 		Metrics: Metrics{
 			LogFreq:      10,
 			SaveTBFolder: "tb",
+			EnableDB:     true,
 		},
 		Model: Model{
 			Name:       "llama3",

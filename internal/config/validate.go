@@ -159,6 +159,9 @@ func (j *Job) Validate() error {
 	v.atLeast("metrics.log_freq", j.Metrics.LogFreq, 1)
 	// metrics.save_tb_folder only matters once TensorBoard is on.
 	v.off("metrics.enable_tensorboard", j.Metrics.EnableTensorboard)
+	if db := j.Metrics.DB; strings.Contains(db, "://") && !strings.HasPrefix(db, "postgres://") && !strings.HasPrefix(db, "postgresql://") {
+		v.fail("metrics.db", db, "want a SQLite file path or a postgres:// (postgresql://) URL")
+	}
 
 	m := j.Model
 	v.notEmpty("model.name", m.Name)

@@ -26,6 +26,7 @@ import (
 	"github.com/titan-go/titan/internal/optim"
 	"github.com/titan-go/titan/internal/parallel"
 	"github.com/titan-go/titan/internal/parallel/fsdp"
+	"github.com/titan-go/titan/internal/runstore"
 	"github.com/titan-go/titan/internal/tokenizer"
 )
 
@@ -40,11 +41,15 @@ type Trainer struct {
 	Step  int // steps completed
 	// OnStep, when set, is called after every optimizer step.
 	OnStep func(step int, loss float64)
+	// RecipePath is the recipe file the job came from ("" for none), as
+	// the run store records it.
+	RecipePath string
 
 	be         backend.Backend
 	dist       Dist
 	accum      int
 	log        *metrics.Logger
+	rec        *runstore.Recorder // the run store's recorder; nil when not recording
 	out        io.Writer
 	seed       uint64
 	peakFLOPS  float64
@@ -338,9 +343,11 @@ func (tr *Trainer) Close() {
 // Run trains until training.steps or until ctx is cancelled (Ctrl-C), in
 // which case it saves a checkpoint and returns ctx's error. In a
 // multi-rank job every rank stops at the same step.
-func (tr *Trainer) Run(ctx context.Context) error {
+//
+// Rank 0 records the run in the run store (metrics.enable_db): its start,
+// every logged step and how it ended.
+func (tr *Trainer) Run(ctx context.Context) (err error) {
 	job := tr.Job
-	var err error
 	folder := job.Job.DumpFolder
 	if tr.dist.Rank != 0 && !job.Metrics.SaveForAllRanks {
 		folder = "" // one metrics.jsonl per job, written by rank 0
@@ -377,6 +384,8 @@ func (tr *Trainer) Run(ctx context.Context) error {
 		tr.log.Printf("titan: already trained %d of %d steps; nothing to do", tr.Step, job.Training.Steps)
 		return nil
 	}
+	tr.startRecording()
+	defer func() { tr.endRecording(err) }()
 	flopsPerToken := tr.fam.FLOPsPerToken(T)
 	logFreq := max(1, job.Metrics.LogFreq)
 	start := time.Now()
@@ -454,6 +463,7 @@ func (tr *Trainer) Run(ctx context.Context) error {
 			if err := tr.log.Log(rec); err != nil {
 				return err
 			}
+			tr.recordStep(rec)
 			windowStart, windowTokens, lossSum, lossN = time.Now(), 0, 0, 0
 		}
 		ck := job.Checkpoint

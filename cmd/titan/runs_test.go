@@ -1,0 +1,115 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/titan-go/titan/internal/config"
+)
+
+// TestRunsCommands: two recorded runs through titan runs list (table and
+// --json), show (table, --json, --recipe) and compare.
+func TestRunsCommands(t *testing.T) {
+	data := corpus(t)
+	db := filepath.Join(t.TempDir(), "runs.db")
+	for _, desc := range []string{"first", "second"} {
+		args := append(keysBase(t.TempDir(), data), "--set", "metrics.db="+db, "--set", "job.description="+desc)
+		if out, err := titan(t, args...); err != nil {
+			t.Fatalf("train: %v\n%s", err, out)
+		}
+	}
+
+	out, err := titan(t, "runs", "list", "--json", "--db", db)
+	if err != nil {
+		t.Fatalf("runs list --json: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("runs list --json: %d lines, want 2:\n%s", len(lines), out)
+	}
+	type listed struct {
+		ID           string   `json:"id"`
+		RecipePath   string   `json:"recipe_path"`
+		Model        string   `json:"model"`
+		Flavor       string   `json:"flavor"`
+		Layout       string   `json:"layout"`
+		Status       string   `json:"status"`
+		Steps        int      `json:"steps"`
+		LastStep     int      `json:"last_step"`
+		FinalLoss    *float64 `json:"final_loss"`
+		TokensPerSec *float64 `json:"mean_tokens_per_sec"`
+		StartedAt    string   `json:"started_at"`
+		Description  string   `json:"description"`
+	}
+	var runs []listed
+	for _, l := range lines {
+		var r listed
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatalf("%v: %s", err, l)
+		}
+		runs = append(runs, r)
+	}
+	for _, r := range runs {
+		if r.ID == "" || r.RecipePath != "../../recipes/llama3_debug.toml" || r.Model != "llama3" || r.Flavor != "tiny_bench" || r.Layout == "" ||
+			r.Status != "finished" || r.Steps != 3 || r.LastStep != 3 || r.FinalLoss == nil || r.TokensPerSec == nil || r.StartedAt == "" {
+			t.Errorf("listed run: %+v", r)
+		}
+	}
+	if runs[0].Description != "second" || runs[1].Description != "first" {
+		t.Errorf("not newest first: %s, %s", runs[0].Description, runs[1].Description)
+	}
+
+	out, err = titan(t, "runs", "list", "--db", db)
+	if err != nil || !strings.Contains(out, "FINAL LOSS") || !strings.Contains(out, runs[0].ID) || !strings.Contains(out, "llama3/tiny_bench") {
+		t.Errorf("runs list: %v\n%s", err, out)
+	}
+
+	id := runs[1].ID
+	out, err = titan(t, "runs", "show", id[:len(id)-2], "--db", db) // a unique prefix
+	if err != nil || !strings.Contains(out, "status       finished") || !strings.Contains(out, "VAL_LOSS") || strings.Count(out, "\n") < 17 {
+		t.Errorf("runs show: %v\n%s", err, out)
+	}
+	out, err = titan(t, "runs", "show", id, "--json", "--db", db)
+	var shown struct {
+		Run   struct{ ID, Status string }
+		Steps []struct {
+			Step int
+			Loss *float64
+		}
+	}
+	if err != nil || strings.Count(out, "\n") != 1 || json.Unmarshal([]byte(out), &shown) != nil || shown.Run.ID != id || len(shown.Steps) != 3 || shown.Steps[2].Loss == nil {
+		t.Errorf("runs show --json: %v %+v\n%s", err, shown, out)
+	}
+	out, err = titan(t, "runs", "show", id, "--recipe", "--db", db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "again.toml")
+	os.WriteFile(p, []byte(out), 0o644)
+	if j, err := config.Load(p, nil, nil); err != nil || j.Job.Description != "first" || j.Metrics.DB != db {
+		t.Errorf("runs show --recipe does not load back: %v", err)
+	}
+
+	out, err = titan(t, "runs", "compare", runs[0].ID, runs[1].ID, "--db", db)
+	if err != nil || !strings.Contains(out, "loss at 96 tokens") || !strings.Contains(out, "mean tokens/s") || !strings.Contains(out, "peak mem GiB") {
+		t.Errorf("runs compare: %v\n%s", err, out)
+	}
+	out, err = titan(t, "runs", "compare", runs[0].ID, runs[1].ID, "--json", "--db", db)
+	if err != nil || strings.Count(out, "\n") != 2 || !strings.Contains(out, `"loss_at_step":3`) {
+		t.Errorf("runs compare --json: %v\n%s", err, out)
+	}
+
+	if _, err := titan(t, "runs", "show", "nope", "--db", db); err == nil || !strings.Contains(err.Error(), "no such run") {
+		t.Errorf("runs show nope: %v", err)
+	}
+	empty := filepath.Join(t.TempDir(), "none.db")
+	if out, err := titan(t, "runs", "list", "--db", empty); err != nil || !strings.Contains(out, "no runs recorded") {
+		t.Errorf("runs list of a missing store: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(empty); err == nil {
+		t.Error("runs list created the store")
+	}
+}
