@@ -67,6 +67,17 @@ func TestRunsCommands(t *testing.T) {
 		t.Errorf("runs list: %v\n%s", err, out)
 	}
 
+	// titan plot overlays both runs' loss, raw and smoothed.
+	png := filepath.Join(t.TempDir(), "loss.png")
+	if out, err := titan(t, "plot", runs[0].ID, runs[1].ID, "--metric", "loss", "--db", db, "--out", png); err != nil {
+		t.Errorf("plot: %v\n%s", err, out)
+	} else if fi, err := os.Stat(png); err != nil || fi.Size() < 1000 {
+		t.Errorf("plot wrote %v, %v", fi, err)
+	}
+	if _, err := titan(t, "plot", runs[0].ID, "--metric", "nonsense", "--db", db, "--out", png); err == nil || !strings.Contains(err.Error(), "--metric") {
+		t.Errorf("plot of an unknown metric: %v, want an error naming --metric", err)
+	}
+
 	id := runs[1].ID
 	out, err = titan(t, "runs", "show", id[:len(id)-2], "--db", db) // a unique prefix
 	if err != nil || !strings.Contains(out, "status       finished") || !strings.Contains(out, "VAL_LOSS") || strings.Count(out, "\n") < 17 {
