@@ -89,6 +89,9 @@ func TestBenchRecipes(t *testing.T) {
 		t.Fatalf("want 2 JSON lines, got:\n%s", out)
 	}
 	for i, m := range lines {
+		if id, _ := m["run_id"].(string); id == "" {
+			t.Errorf("line %d: the run was not recorded in the run store: %v", i, m)
+		}
 		for _, k := range []string{"recipe", "tokens_per_sec", "mfu", "mem_gib", "final_loss", "loss_at_equal_tokens", "first_checkpoint_s"} {
 			if _, ok := m[k]; !ok {
 				t.Errorf("line %d lacks %s: %v", i, k, m)

@@ -1,7 +1,8 @@
 // Package recipebench compares training recipes side by side: it trains
 // each recipe for the same number of steps as its own `titan train`
-// process (as a user would run it), reads the run's metrics.jsonl and
-// checkpoints, and reports throughput, MFU, memory, final loss, loss at
+// process (as a user would run it; each run is recorded in the run store
+// like any other), reads the run's metrics.jsonl and checkpoints, and
+// reports throughput, MFU, memory, final loss, loss at
 // equal tokens and the time to the first checkpoint, as a table, JSON
 // lines and plots.
 package recipebench
@@ -46,8 +47,11 @@ type Options struct {
 // Result is one recipe's run.
 type Result struct {
 	Recipe string `json:"recipe"`
-	Dump   string `json:"dump_folder"`
-	Steps  int    `json:"steps"`
+	// RunID is the run's id in the run store ("" when it was not
+	// recorded; see metrics.enable_db).
+	RunID string `json:"run_id"`
+	Dump  string `json:"dump_folder"`
+	Steps int    `json:"steps"`
 	// TokensPerSec, TFLOPs and MFU are means over the logged steps after
 	// the first (which holds start-up).
 	TokensPerSec float64 `json:"tokens_per_sec"`
@@ -162,6 +166,9 @@ func runOne(ctx context.Context, o Options, i int, recipe, dump string) (Result,
 	}
 	res := summarize(recs)
 	res.Recipe, res.Dump, res.WallS = recipe, dump, wall
+	if log, err := os.ReadFile(logPath); err == nil {
+		res.RunID = runID(string(log))
+	}
 	res.FirstCheckpointS = firstCheckpoint(dump, start)
 	return res, nil
 }
@@ -256,6 +263,20 @@ func firstCheckpoint(dump string, start time.Time) float64 {
 	return best
 }
 
+// runID finds the run store's id in a training log ("titan: run ID,
+// recorded in ...").
+func runID(log string) string {
+	for _, l := range strings.Split(log, "\n") {
+		if i := strings.Index(l, "titan: run "); i >= 0 && strings.Contains(l, ", recorded in ") {
+			f := strings.Fields(l[i+len("titan: run "):])
+			if len(f) > 0 {
+				return strings.TrimSuffix(f[0], ",")
+			}
+		}
+	}
+	return ""
+}
+
 func lastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(lines) > n {
@@ -266,13 +287,13 @@ func lastLines(s string, n int) string {
 
 // WriteTable prints the comparison, one row per recipe.
 func WriteTable(w io.Writer, rs []Result) {
-	fmt.Fprintf(w, "%-32s %10s %8s %7s %8s %10s %12s %10s\n", "recipe", "tokens/s", "TFLOP/s", "MFU %", "mem GiB", "final loss", "loss@tokens", "1st ckpt s")
+	fmt.Fprintf(w, "%-32s %10s %8s %7s %8s %10s %12s %10s  %s\n", "recipe", "tokens/s", "TFLOP/s", "MFU %", "mem GiB", "final loss", "loss@tokens", "1st ckpt s", "run")
 	for _, r := range rs {
 		ck := "-"
 		if r.FirstCheckpointS >= 0 {
 			ck = fmt.Sprintf("%.1f", r.FirstCheckpointS)
 		}
-		fmt.Fprintf(w, "%-32s %10.0f %8.4f %7.2f %8.3f %10.4f %12.4f %10s\n", filepath.Base(r.Recipe), r.TokensPerSec, r.TFLOPs, r.MFU, r.MemGiB, r.FinalLoss, r.LossAtEqualTokens, ck)
+		fmt.Fprintf(w, "%-32s %10.0f %8.4f %7.2f %8.3f %10.4f %12.4f %10s  %s\n", filepath.Base(r.Recipe), r.TokensPerSec, r.TFLOPs, r.MFU, r.MemGiB, r.FinalLoss, r.LossAtEqualTokens, ck, r.RunID)
 	}
 	if len(rs) > 0 {
 		fmt.Fprintf(w, "loss@tokens: the loss at %d tokens, the most every run reached\n", rs[0].EqualTokens)

@@ -41,3 +41,14 @@ func TestSummarize(t *testing.T) {
 		t.Errorf("at equal tokens: %d, %g and %g; want 250, 5 and 7", rs[0].EqualTokens, rs[0].LossAtEqualTokens, rs[1].LossAtEqualTokens)
 	}
 }
+
+// TestRunID finds the run store's id in a training log.
+func TestRunID(t *testing.T) {
+	log := "titan: llama3 debug\n[rank 0] titan: run 20261201-102653-3fa9, recorded in /x/runs.db\nstep 1\n"
+	if got := runID(log); got != "20261201-102653-3fa9" {
+		t.Errorf("runID = %q", got)
+	}
+	if got := runID("no store\n"); got != "" {
+		t.Errorf("runID of a log without a store = %q", got)
+	}
+}
