@@ -40,11 +40,11 @@
 //	         | failed | interrupted), error (NULL unless failed))
 //	metrics (run_id REFERENCES runs ON DELETE CASCADE, step, loss,
 //	         grad_norm, lr, tokens_per_sec, tflops, mfu, mem_gib,
-//	         state_gib, gathered_units, elapsed_s, val_loss,
+//	         state_gib, gathered_units, tokens, elapsed_s, val_loss,
 //	         PRIMARY KEY (run_id, step))
 //
 // Every metric is a nullable number (REAL / double precision, INTEGER /
-// bigint for step and gathered_units): val_loss is NULL on steps without
+// bigint for step, gathered_units and tokens): val_loss is NULL on steps without
 // validation, and SQLite stores NaN as NULL (Steps reads it back as NaN).
 // On SQLite metrics is a WITHOUT ROWID table, so its rows lie in (run_id,
 // step) order; on both backends a run's steps in order (WHERE run_id = ?

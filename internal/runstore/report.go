@@ -310,6 +310,7 @@ type jsonStep struct {
 	MemGiB        *float64 `json:"mem_gib"`
 	StateGiB      *float64 `json:"state_gib"`
 	GatheredUnits int      `json:"gathered_units"`
+	Tokens        int64    `json:"tokens"`
 	ElapsedS      *float64 `json:"elapsed_s"`
 	ValLoss       *float64 `json:"val_loss"`
 }
@@ -323,7 +324,7 @@ func toJSONStep(r metrics.Record) jsonStep {
 	}
 	j := jsonStep{Step: r.Step, Loss: f(r.Loss), GradNorm: f(r.GradNorm), LR: f(r.LR), TokensPerSec: f(r.TokensPerSec),
 		TFLOPs: f(r.TFLOPs), MFU: f(r.MFU), MemGiB: f(r.MemGiB), StateGiB: f(r.StateGiB), GatheredUnits: r.GatheredUnits,
-		ElapsedS: f(r.ElapsedS)}
+		Tokens: r.Tokens, ElapsedS: f(r.ElapsedS)}
 	if r.ValLoss != nil {
 		j.ValLoss = f(*r.ValLoss)
 	}

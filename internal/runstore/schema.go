@@ -54,6 +54,7 @@ var migrations = []migration{
 	mem_gib        REAL,
 	state_gib      REAL,
 	gathered_units INTEGER,
+	tokens         INTEGER,
 	elapsed_s      REAL,
 	val_loss       REAL,
 	PRIMARY KEY (run_id, step)
@@ -92,6 +93,7 @@ var migrations = []migration{
 	mem_gib        double precision,
 	state_gib      double precision,
 	gathered_units bigint,
+	tokens         bigint,
 	elapsed_s      double precision,
 	val_loss       double precision,
 	PRIMARY KEY (run_id, step)

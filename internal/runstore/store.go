@@ -286,7 +286,7 @@ func (s *Store) EndRun(ctx context.Context, id string, status Status, errText st
 
 // metricCols are the metrics table's columns after run_id, in
 // metrics.Record order.
-const metricCols = "step, loss, grad_norm, lr, tokens_per_sec, tflops, mfu, mem_gib, state_gib, gathered_units, elapsed_s, val_loss"
+const metricCols = "step, loss, grad_norm, lr, tokens_per_sec, tflops, mfu, mem_gib, state_gib, gathered_units, tokens, elapsed_s, val_loss"
 
 // stepChunk is the most steps of one INSERT (13 parameters each: well
 // under SQLite's 32766 and PostgreSQL's 65535).
@@ -384,18 +384,18 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) 
 func (s *Store) upsertSteps(ctx context.Context, tx *sql.Tx, id string, recs []metrics.Record) error {
 	var b strings.Builder
 	b.WriteString("INSERT INTO metrics (run_id, " + metricCols + ") VALUES ")
-	args := make([]any, 0, 13*len(recs))
+	args := make([]any, 0, 14*len(recs))
 	for i, r := range recs {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+		b.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 		var val any
 		if r.ValLoss != nil {
 			val = *r.ValLoss
 		}
 		args = append(args, id, r.Step, r.Loss, r.GradNorm, r.LR, r.TokensPerSec, r.TFLOPs, r.MFU,
-			r.MemGiB, r.StateGiB, r.GatheredUnits, r.ElapsedS, val)
+			r.MemGiB, r.StateGiB, r.GatheredUnits, r.Tokens, r.ElapsedS, val)
 	}
 	b.WriteString(" ON CONFLICT (run_id, step) DO UPDATE SET ")
 	for i, c := range strings.Split(metricCols, ", ")[1:] {
@@ -516,9 +516,9 @@ func (s *Store) Steps(ctx context.Context, id string) ([]metrics.Record, error) 
 	for rows.Next() {
 		var r metrics.Record
 		var f [9]sql.NullFloat64
-		var units sql.NullInt64
+		var units, tokens sql.NullInt64
 		var val sql.NullFloat64
-		if err := rows.Scan(&r.Step, &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7], &units, &f[8], &val); err != nil {
+		if err := rows.Scan(&r.Step, &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7], &units, &tokens, &f[8], &val); err != nil {
 			return nil, s.wrap(err)
 		}
 		nan := func(x sql.NullFloat64) float64 {
@@ -529,7 +529,7 @@ func (s *Store) Steps(ctx context.Context, id string) ([]metrics.Record, error) 
 		}
 		r.Loss, r.GradNorm, r.LR, r.TokensPerSec, r.TFLOPs, r.MFU, r.MemGiB, r.StateGiB, r.ElapsedS =
 			nan(f[0]), nan(f[1]), nan(f[2]), nan(f[3]), nan(f[4]), nan(f[5]), nan(f[6]), nan(f[7]), nan(f[8])
-		r.GatheredUnits = int(units.Int64)
+		r.GatheredUnits, r.Tokens = int(units.Int64), tokens.Int64
 		if val.Valid {
 			v := val.Float64
 			r.ValLoss = &v
