@@ -154,11 +154,30 @@ func open(ctx context.Context, target string, create bool) (*Store, error) {
 		}
 		s.db.SetMaxOpenConns(4)
 	}
-	if err := s.migrate(ctx, migrations); err != nil {
+	// A new SQLite file's first connections race to switch it to WAL,
+	// and SQLite answers the losers SQLITE_BUSY at once, without waiting
+	// for busy_timeout: retry those for a while.
+	giveUp := time.Now().Add(busyFor)
+	for wait := 5 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
+		err = s.migrate(ctx, migrations)
+		if err == nil || s.pg || !isBusy(err) || ctx.Err() != nil || time.Now().After(giveUp) {
+			break
+		}
+		time.Sleep(wait)
+	}
+	if err != nil {
 		s.db.Close()
 		return nil, s.wrap(err)
 	}
 	return s, nil
+}
+
+// busyFor bounds the retries of a busy SQLite open.
+const busyFor = 10 * time.Second
+
+// isBusy reports whether err is SQLite's "database is locked".
+func isBusy(err error) bool {
+	return err != nil && (strings.Contains(err.Error(), "SQLITE_BUSY") || strings.Contains(err.Error(), "database is locked"))
 }
 
 // Close closes the store.
