@@ -36,13 +36,9 @@
 package hyena
 
 import (
-	"bytes"
 	"fmt"
 	"math"
-	"sort"
 	"strings"
-
-	"github.com/pelletier/go-toml/v2"
 
 	"github.com/titan-go/titan/configs"
 	"github.com/titan-go/titan/internal/backend"
@@ -108,55 +104,13 @@ const (
 
 // Flavor returns the named shape from configs/hyena.toml.
 func Flavor(name string) (Config, error) {
-	all, err := flavors()
-	if err != nil {
-		return Config{}, err
-	}
-	c, ok := all[name]
-	if !ok {
-		return Config{}, fmt.Errorf("hyena: unknown flavor %q (have %v)", name, Flavors())
-	}
-	return c, nil
+	return configs.Flavor("hyena", "hyena.toml", name, defaults, Config.Validate)
 }
 
 // Flavors lists the flavor names, sorted.
 func Flavors() []string {
-	all, _ := flavors()
-	names := make([]string, 0, len(all))
-	for n := range all {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
-
-func flavors() (map[string]Config, error) {
-	raw, err := configs.FS.ReadFile("hyena.toml")
-	if err != nil {
-		return nil, fmt.Errorf("hyena flavors: %w", err)
-	}
-	var tables map[string]map[string]any
-	if err := toml.Unmarshal(raw, &tables); err != nil {
-		return nil, fmt.Errorf("hyena flavors: configs/hyena.toml: %w", err)
-	}
-	out := make(map[string]Config, len(tables))
-	for name, t := range tables {
-		c := defaults()
-		b, err := toml.Marshal(t)
-		if err != nil {
-			return nil, err
-		}
-		dec := toml.NewDecoder(bytes.NewReader(b))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&c); err != nil {
-			return nil, fmt.Errorf("hyena flavor %q in configs/hyena.toml: %w", name, err)
-		}
-		if err := c.Validate(); err != nil {
-			return nil, fmt.Errorf("hyena flavor %q: %w", name, err)
-		}
-		out[name] = c
-	}
-	return out, nil
+	all, _ := configs.Flavors("hyena.toml", defaults, Config.Validate)
+	return configs.Names(all)
 }
 
 // Inner is the MLP's hidden width.

@@ -6,12 +6,8 @@
 package llama
 
 import (
-	"bytes"
 	"fmt"
 	"math"
-	"sort"
-
-	"github.com/pelletier/go-toml/v2"
 
 	"github.com/titan-go/titan/configs"
 )
@@ -55,55 +51,13 @@ func defaults() Config {
 
 // Flavor returns the named shape from configs/llama3.toml.
 func Flavor(name string) (Config, error) {
-	all, err := flavors()
-	if err != nil {
-		return Config{}, err
-	}
-	c, ok := all[name]
-	if !ok {
-		return Config{}, fmt.Errorf("llama3: unknown flavor %q (have %v)", name, Flavors())
-	}
-	return c, nil
+	return configs.Flavor("llama3", "llama3.toml", name, defaults, Config.Validate)
 }
 
 // Flavors lists the flavor names, sorted.
 func Flavors() []string {
-	all, _ := flavors()
-	names := make([]string, 0, len(all))
-	for n := range all {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
-
-func flavors() (map[string]Config, error) {
-	raw, err := configs.FS.ReadFile("llama3.toml")
-	if err != nil {
-		return nil, fmt.Errorf("llama3 flavors: %w", err)
-	}
-	var tables map[string]map[string]any
-	if err := toml.Unmarshal(raw, &tables); err != nil {
-		return nil, fmt.Errorf("llama3 flavors: configs/llama3.toml: %w", err)
-	}
-	out := make(map[string]Config, len(tables))
-	for name, t := range tables {
-		c := defaults()
-		b, err := toml.Marshal(t)
-		if err != nil {
-			return nil, err
-		}
-		dec := toml.NewDecoder(bytes.NewReader(b))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&c); err != nil {
-			return nil, fmt.Errorf("llama3 flavor %q in configs/llama3.toml: %w", name, err)
-		}
-		if err := c.Validate(); err != nil {
-			return nil, fmt.Errorf("llama3 flavor %q: %w", name, err)
-		}
-		out[name] = c
-	}
-	return out, nil
+	all, _ := configs.Flavors("llama3.toml", defaults, Config.Validate)
+	return configs.Names(all)
 }
 
 // KVHeads is the number of key/value heads.
