@@ -39,7 +39,7 @@ type golden struct {
 		} `json:"rope_scaling"`
 		Batch  int `json:"batch"`
 		SeqLen int `json:"seq_len"`
-	} `json:"config"`
+	}
 	f32 map[string][]float32
 	i32 map[string][]int32
 }
@@ -47,49 +47,10 @@ type golden struct {
 // loadGolden parses the TITANREF format (see the llama testdata README).
 func loadGolden(t *testing.T) *golden {
 	t.Helper()
-	raw, err := os.ReadFile(goldenPath)
-	if err != nil {
-		t.Fatalf("reading golden file: %v", err)
-	}
-	if len(raw) < 16 || string(raw[:8]) != "TITANREF" || binary.LittleEndian.Uint32(raw[8:]) != 1 {
-		t.Fatalf("%s: not a version 1 TITANREF file", goldenPath)
-	}
-	hl := int(binary.LittleEndian.Uint32(raw[12:]))
-	var hdr struct {
-		Tensors []struct {
-			Name, Dtype string
-			Shape       []int
-			Offset      int
-		} `json:"tensors"`
-	}
-	g := &golden{f32: map[string][]float32{}, i32: map[string][]int32{}}
-	if err := json.Unmarshal(raw[16:16+hl], &hdr); err != nil {
-		t.Fatalf("%s: header: %v", goldenPath, err)
-	}
-	if err := json.Unmarshal(raw[16:16+hl], g); err != nil {
+	r := testenv.ReadRef(t, goldenPath)
+	g := &golden{f32: r.F32, i32: r.I32}
+	if err := json.Unmarshal(r.Config, &g.Config); err != nil {
 		t.Fatalf("%s: config: %v", goldenPath, err)
-	}
-	data := raw[16+hl:]
-	for _, tn := range hdr.Tensors {
-		n := 1
-		for _, s := range tn.Shape {
-			n *= s
-		}
-		b := data[tn.Offset : tn.Offset+4*n]
-		switch tn.Dtype {
-		case "float32":
-			v := make([]float32, n)
-			for i := range v {
-				v[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-			}
-			g.f32[tn.Name] = v
-		case "int32":
-			v := make([]int32, n)
-			for i := range v {
-				v[i] = int32(binary.LittleEndian.Uint32(b[4*i:]))
-			}
-			g.i32[tn.Name] = v
-		}
 	}
 	return g
 }

@@ -1,11 +1,9 @@
 package hyena
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -26,46 +24,29 @@ type reference struct {
 // testdata/reference.py).
 func loadReference(t *testing.T, path string) *reference {
 	t.Helper()
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("reading golden file: %v (regenerate with testdata/reference.py)", err)
-	}
-	if len(raw) < 16 || string(raw[:8]) != "TITANREF" {
-		t.Fatalf("%s: not a TITANREF file", path)
-	}
-	if v := binary.LittleEndian.Uint32(raw[8:]); v != 1 {
-		t.Fatalf("%s: version %d, want 1", path, v)
-	}
-	hl := int(binary.LittleEndian.Uint32(raw[12:]))
+	r := testenv.ReadRef(t, path)
 	var hdr struct {
-		Config struct {
-			DModel               int     `json:"d_model"`
-			NLayer               int     `json:"n_layer"`
-			DInner               int     `json:"d_inner"`
-			VocabSize            int     `json:"vocab_size"`
-			PadVocabSizeMultiple int     `json:"pad_vocab_size_multiple"`
-			Order                int     `json:"order"`
-			EmbDim               int     `json:"emb_dim"`
-			FilterOrder          int     `json:"filter_order"`
-			ShortFilterOrder     int     `json:"short_filter_order"`
-			NumInnerMLPs         int     `json:"num_inner_mlps"`
-			LMax                 int     `json:"l_max"`
-			W                    float64 `json:"w"`
-			Modulate             bool    `json:"modulate"`
-			NormEps              float64 `json:"layer_norm_epsilon"`
-			Batch                int     `json:"batch"`
-			SeqLen               int     `json:"seq_len"`
-		}
-		Tensors []struct {
-			Name, Dtype string
-			Shape       []int
-			Offset      int
-		}
+		DModel               int     `json:"d_model"`
+		NLayer               int     `json:"n_layer"`
+		DInner               int     `json:"d_inner"`
+		VocabSize            int     `json:"vocab_size"`
+		PadVocabSizeMultiple int     `json:"pad_vocab_size_multiple"`
+		Order                int     `json:"order"`
+		EmbDim               int     `json:"emb_dim"`
+		FilterOrder          int     `json:"filter_order"`
+		ShortFilterOrder     int     `json:"short_filter_order"`
+		NumInnerMLPs         int     `json:"num_inner_mlps"`
+		LMax                 int     `json:"l_max"`
+		W                    float64 `json:"w"`
+		Modulate             bool    `json:"modulate"`
+		NormEps              float64 `json:"layer_norm_epsilon"`
+		Batch                int     `json:"batch"`
+		SeqLen               int     `json:"seq_len"`
 	}
-	if err := json.Unmarshal(raw[16:16+hl], &hdr); err != nil {
-		t.Fatalf("%s: header: %v", path, err)
+	if err := json.Unmarshal(r.Config, &hdr); err != nil {
+		t.Fatalf("%s: config: %v", path, err)
 	}
-	h := hdr.Config
+	h := hdr
 	ref := &reference{
 		cfg: Config{
 			DModel: h.DModel, NLayer: h.NLayer, DInner: h.DInner, VocabSize: h.VocabSize,
@@ -74,31 +55,7 @@ func loadReference(t *testing.T, path string) *reference {
 			LMax: h.LMax, W: h.W, Modulate: h.Modulate, NormEps: h.NormEps, InitializerRange: 0.02,
 		},
 		B: h.Batch, T: h.SeqLen,
-		f32: map[string][]float32{}, i32: map[string][]int32{},
-	}
-	data := raw[16+hl:]
-	for _, tn := range hdr.Tensors {
-		n := 1
-		for _, s := range tn.Shape {
-			n *= s
-		}
-		b := data[tn.Offset : tn.Offset+4*n]
-		switch tn.Dtype {
-		case "float32":
-			v := make([]float32, n)
-			for i := range v {
-				v[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-			}
-			ref.f32[tn.Name] = v
-		case "int32":
-			v := make([]int32, n)
-			for i := range v {
-				v[i] = int32(binary.LittleEndian.Uint32(b[4*i:]))
-			}
-			ref.i32[tn.Name] = v
-		default:
-			t.Fatalf("%s: tensor %s has dtype %s", path, tn.Name, tn.Dtype)
-		}
+		f32: r.F32, i32: r.I32,
 	}
 	return ref
 }

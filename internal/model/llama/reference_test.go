@@ -2,10 +2,9 @@ package llama
 
 import (
 	"bytes"
-	"encoding/binary"
 	"encoding/json"
+	"github.com/titan-go/titan/internal/testenv"
 	"math"
-	"os"
 	"strings"
 	"testing"
 )
@@ -30,57 +29,11 @@ type reference struct {
 
 func loadReference(t *testing.T, path string) *reference {
 	t.Helper()
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("reading golden file: %v (regenerate with make golden)", err)
-	}
-	if len(raw) < 16 || string(raw[:8]) != "TITANREF" {
-		t.Fatalf("%s: not a TITANREF file", path)
-	}
-	if v := binary.LittleEndian.Uint32(raw[8:]); v != 1 {
-		t.Fatalf("%s: version %d, want 1", path, v)
-	}
-	hl := int(binary.LittleEndian.Uint32(raw[12:]))
-	var hdr struct {
-		Config  json.RawMessage
-		Tensors []struct {
-			Name, Dtype string
-			Shape       []int
-			Offset      int
-		}
-	}
-	if err := json.Unmarshal(raw[16:16+hl], &hdr); err != nil {
-		t.Fatalf("%s: header: %v", path, err)
-	}
-	ref := &reference{f32: map[string][]float32{}, i32: map[string][]int32{}}
+	r := testenv.ReadRef(t, path)
+	ref := &reference{f32: r.F32, i32: r.I32}
 	// The JSON uses snake_case keys; map them onto the struct.
-	cfg := bytes.NewReader(snakeToCamel(hdr.Config))
-	if err := json.NewDecoder(cfg).Decode(&ref.Config); err != nil {
+	if err := json.NewDecoder(bytes.NewReader(snakeToCamel(r.Config))).Decode(&ref.Config); err != nil {
 		t.Fatalf("%s: config: %v", path, err)
-	}
-	data := raw[16+hl:]
-	for _, tn := range hdr.Tensors {
-		n := 1
-		for _, s := range tn.Shape {
-			n *= s
-		}
-		b := data[tn.Offset : tn.Offset+4*n]
-		switch tn.Dtype {
-		case "float32":
-			v := make([]float32, n)
-			for i := range v {
-				v[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-			}
-			ref.f32[tn.Name] = v
-		case "int32":
-			v := make([]int32, n)
-			for i := range v {
-				v[i] = int32(binary.LittleEndian.Uint32(b[4*i:]))
-			}
-			ref.i32[tn.Name] = v
-		default:
-			t.Fatalf("%s: tensor %s has dtype %s", path, tn.Name, tn.Dtype)
-		}
 	}
 	return ref
 }
