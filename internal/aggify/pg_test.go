@@ -100,6 +100,13 @@ func load(tb testing.TB, conn *pgx.Conn, runs []genRun) {
 		tb.Fatal(err)
 	}
 	runRows, cols, rows := genRows(runs)
+	loadRows(tb, conn, runRows, cols, rows)
+}
+
+// loadRows fills the created tables with generated rows.
+func loadRows(tb testing.TB, conn *pgx.Conn, runRows [][]any, cols []string, rows [][]any) {
+	tb.Helper()
+	ctx := context.Background()
 	if _, err := conn.CopyFrom(ctx, pgx.Identifier{"runs"}, []string{"run_id", "recipe"}, pgx.CopyFromRows(runRows)); err != nil {
 		tb.Fatal(err)
 	}

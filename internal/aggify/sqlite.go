@@ -34,12 +34,17 @@ var sqliteFuncs = map[string]bool{
 	"avg": true, "lower": true, "upper": true, "length": true, "nullif": true, "round": true,
 }
 
-var paramRef = regexp.MustCompile(`\$([0-9]+)`)
+var (
+	paramRef = regexp.MustCompile(`\$([0-9]+)`)
+	likeRE   = regexp.MustCompile(`(?i)\bLIKE\b`)
+)
 
 // SQLiteQuery translates a cursor query (PostgreSQL SQL whose variables are
 // $n parameters) to SQLite SQL: $n become ?n and ORDER BY keys get
 // PostgreSQL's NULL placement (ASC NULLS LAST, DESC NULLS FIRST; SQLite's
-// default is the opposite). Casts, LATERAL, DISTINCT ON, arrays, row
+// default is the opposite). LIKE is kept (SQLiteRows runs it with
+// case_sensitive_like on, as PostgreSQL's LIKE is case-sensitive; a
+// backslash in the pattern is not an escape on SQLite). Casts, LATERAL, DISTINCT ON, arrays, row
 // constructors, ILIKE, regular expressions, SIMILAR TO and functions outside
 // a small common set are refused with the construct.
 func SQLiteQuery(q string) (string, error) {
@@ -78,7 +83,7 @@ func SQLiteQuery(q string) (string, error) {
 				bad = strings.TrimPrefix(x.AExpr.Kind.String(), "AEXPR_")
 			}
 			for _, o := range x.AExpr.Name {
-				if s := o.GetString_(); s != nil && strings.ContainsAny(s.Sval, "~") {
+				if s := o.GetString_(); s != nil && strings.ContainsAny(s.Sval, "~") && x.AExpr.Kind != pg_query.A_Expr_Kind_AEXPR_LIKE {
 					bad = "the operator " + s.Sval
 				}
 			}
@@ -119,8 +124,23 @@ func SQLiteRows(db *sql.DB) Rows {
 		if err != nil {
 			return err
 		}
-		rows, err := db.QueryContext(ctx, lq, sqliteArgs(args)...)
-		if err != nil {
+		var rows *sql.Rows
+		if likeRE.MatchString(lq) {
+			// PostgreSQL's LIKE is case-sensitive, SQLite's is not by default.
+			c, err := db.Conn(ctx)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			if _, err := c.ExecContext(ctx, "PRAGMA case_sensitive_like = ON"); err != nil {
+				return err
+			}
+			defer c.ExecContext(context.Background(), "PRAGMA case_sensitive_like = OFF")
+			rows, err = c.QueryContext(ctx, lq, sqliteArgs(args)...)
+			if err != nil {
+				return err
+			}
+		} else if rows, err = db.QueryContext(ctx, lq, sqliteArgs(args)...); err != nil {
 			return err
 		}
 		defer rows.Close()

@@ -3,7 +3,9 @@ package aggify
 import (
 	"context"
 	"database/sql"
+	"math"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -172,4 +174,79 @@ func TestSQLiteAggregateQuery(t *testing.T) {
 	if _, err := SQLiteQuery("SELECT loss::int FROM metrics"); err == nil || !strings.Contains(err.Error(), "cast") {
 		t.Errorf("a cast was not refused: %v", err)
 	}
+}
+
+// sameText compares two results' text forms: numbers by value (PostgreSQL
+// and Go print floats differently), anything else exactly.
+func sameText(a, b string) bool {
+	if a == b {
+		return true
+	}
+	fa, erra := strconv.ParseFloat(a, 64)
+	fb, errb := strconv.ParseFloat(b, 64)
+	return erra == nil && errb == nil && (fa == fb || (math.IsNaN(fa) && math.IsNaN(fb)))
+}
+
+// TestSQLiteLoopMatchesPostgres runs every analysis as the client-side loop
+// on SQLite and as the PL/pgSQL function on PostgreSQL over the same stored
+// data and requires the same results. SQLite stores NaN as NULL (as the run
+// store does), so PostgreSQL is loaded with the NaN losses as NULL too; the
+// nested loop, refused as a SQLite aggregate, is compared here as a loop.
+func TestSQLiteLoopMatchesPostgres(t *testing.T) {
+	ctx := context.Background()
+	conn := freshDB(t, "aggify_sqlite_loop")
+	if _, err := conn.Exec(ctx, schema); err != nil {
+		t.Fatal(err)
+	}
+	runRows, cols, rows := genRows(testRuns)
+	for _, r := range rows {
+		for i, v := range r {
+			if f, ok := v.(float64); ok && math.IsNaN(f) {
+				r[i] = nil
+			}
+		}
+	}
+	loadRows(t, conn, runRows, cols, rows)
+	db := openSQLite(t, testRuns)
+	compared := 0
+	for _, c := range sqliteCases(t) {
+		p, err := CompileFile(c.src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p.Queries) > 0 {
+			continue // the file's own query: no SQLite form
+		}
+		t.Run(c.name, func(t *testing.T) {
+			if err := p.Install(ctx, conn); err != nil {
+				t.Fatal(err)
+			}
+			for _, call := range c.calls {
+				for _, id := range runIDs(testRuns) {
+					args := callArgs(call, id)
+					lite, err := p.RunSQLite(ctx, db, ModeLoop, args)
+					if err != nil {
+						t.Fatalf("SQLite loop %v: %v", args, err)
+					}
+					pg, err := p.Run(ctx, conn, ModeLoop, args)
+					if err != nil {
+						t.Fatalf("PostgreSQL loop %v: %v", args, err)
+					}
+					if len(lite.Rows[0]) != len(pg.Rows[0]) {
+						t.Fatalf("%v: SQLite %v, PostgreSQL %v", args, lite.Rows, pg.Rows)
+					}
+					for i := range pg.Rows[0] {
+						if !sameText(lite.Rows[0][i], pg.Rows[0][i]) {
+							t.Errorf("%v, %s: SQLite %s, PostgreSQL %s", args, pg.Columns[i], lite.Rows[0][i], pg.Rows[0][i])
+						}
+					}
+					compared++
+				}
+			}
+		})
+	}
+	if compared == 0 {
+		t.Fatal("nothing compared")
+	}
+	t.Logf("%d comparisons", compared)
 }
