@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"regexp"
 	"strings"
 	"sync"
@@ -549,4 +550,44 @@ func sqliteCall(db *sql.DB, r *Rewrite) func(*interp, *AggCall) error {
 		}
 		return nil
 	}
+}
+
+// OpenSQLite registers the program's aggregates (RegisterSQLite) and opens
+// the existing SQLite database at path read-only, on one connection. For
+// a file with its own query, or a loop SQLite cannot aggregate, only the
+// loop mode is available and registration is skipped.
+func (p *Program) OpenSQLite(path string) (*sql.DB, error) {
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("aggify: SQLite run store: %w", err)
+	}
+	if _, err := p.SQLiteAggregates(); err == nil {
+		if err := p.RegisterSQLite(); err != nil {
+			return nil, err
+		}
+	}
+	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro&_pragma=busy_timeout(10000)")
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(1)
+	return db, nil
+}
+
+// SQLiteText is what `titan aggify --dialect sqlite` prints: per rewritten
+// loop the aggregate registered with the driver (name, arguments, the Go
+// step) and the one query that replaces the loop.
+func (p *Program) SQLiteText() (string, error) {
+	aggs, err := p.SQLiteAggregates()
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for _, g := range aggs {
+		fmt.Fprintf(&b, "-- %s, loop at line %d: aggregate %s registered with modernc.org/sqlite (sqlite.RegisterFunction, MakeAggregate)\n", g.Func, g.Line, g.Name)
+		fmt.Fprintf(&b, "--   %d arguments: %s\n", len(g.Args), strings.Join(g.Args, ", "))
+		b.WriteString("--   step: the loop body run by the Go interpreter (Accumulator); value: the results as a JSON array of text; NULL for no rows (the pre-loop values are kept)\n")
+		b.WriteString("--   ?n: the cursor query's variables, then the pre-loop values, bound by titan analyze\n")
+		b.WriteString(g.Query + ";\n\n")
+	}
+	return b.String(), nil
 }
