@@ -49,6 +49,21 @@ var (
 // constructors, ILIKE, regular expressions, SIMILAR TO and functions outside
 // a small common set are refused with the construct.
 func SQLiteQuery(q string) (string, error) {
+	if t, ok := sqliteCache.Load(q); ok {
+		return t.(string), nil
+	}
+	t, err := sqliteQuery(q)
+	if err == nil {
+		sqliteCache.Store(q, t)
+	}
+	return t, err
+}
+
+// sqliteCache holds the translations made (a process runs few distinct
+// cursor queries, each many times).
+var sqliteCache sync.Map
+
+func sqliteQuery(q string) (string, error) {
 	tree, err := pg_query.Parse(q)
 	if err != nil {
 		return "", err
