@@ -95,8 +95,14 @@ func sqliteQuery(q string) (string, error) {
 			bad = "a row constructor"
 		case *pg_query.Node_AExpr:
 			switch x.AExpr.Kind {
-			case pg_query.A_Expr_Kind_AEXPR_ILIKE, pg_query.A_Expr_Kind_AEXPR_SIMILAR, pg_query.A_Expr_Kind_AEXPR_OP_ANY, pg_query.A_Expr_Kind_AEXPR_OP_ALL:
-				bad = strings.TrimPrefix(x.AExpr.Kind.String(), "AEXPR_")
+			case pg_query.A_Expr_Kind_AEXPR_ILIKE:
+				bad = "ILIKE"
+			case pg_query.A_Expr_Kind_AEXPR_SIMILAR:
+				bad = "SIMILAR TO"
+			case pg_query.A_Expr_Kind_AEXPR_OP_ANY:
+				bad = "ANY (…)"
+			case pg_query.A_Expr_Kind_AEXPR_OP_ALL:
+				bad = "ALL (…)"
 			}
 			for _, o := range x.AExpr.Name {
 				if s := o.GetString_(); s != nil && strings.ContainsAny(s.Sval, "~") && x.AExpr.Kind != pg_query.A_Expr_Kind_AEXPR_LIKE {
@@ -227,8 +233,10 @@ func sqliteValue(v any) Value {
 }
 
 // The aggregates registered with the driver, by name. Registration is
-// process-wide and reaches connections opened afterwards; a later
-// RegisterSQLite of the same name replaces the loop it runs.
+// process-wide and reaches connections opened afterwards; the loop an
+// aggregate runs is the one of the program whose query runs it (RunSQLite
+// sets it before each query), so two programs with a function of the same
+// name must not run concurrently.
 var (
 	sqliteMu   sync.Mutex
 	sqliteAggs = map[string]*LoopAnalysis{}
@@ -517,6 +525,17 @@ func sqliteCall(db *sql.DB, r *Rewrite) func(*interp, *AggCall) error {
 		}
 		if a == nil {
 			return nil // a loop without live-out variables: removed
+		}
+		// The aggregate runs this program's loop (another file may have
+		// registered a function of the same name).
+		sqliteMu.Lock()
+		_, known := sqliteAggs[a.aggregate]
+		if known {
+			sqliteAggs[a.aggregate] = a
+		}
+		sqliteMu.Unlock()
+		if !known {
+			return in.fail(s.Line, "aggregate "+a.aggregate, "not registered: call RegisterSQLite (or OpenSQLite) before opening the database")
 		}
 		q, args, err := in.bind(&Expr{Text: a.loop.Query.Derived})
 		if err != nil {

@@ -250,3 +250,51 @@ func TestSQLiteLoopMatchesPostgres(t *testing.T) {
 	}
 	t.Logf("%d comparisons", compared)
 }
+
+// TestSQLiteRefusals checks that what the SQLite dialect cannot translate
+// is refused with the construct, and that the nested loop runs as a loop
+// but is refused as an aggregate.
+func TestSQLiteRefusals(t *testing.T) {
+	for q, want := range map[string]string{
+		"SELECT loss::int FROM metrics":                                          "cast",
+		"SELECT m.loss FROM runs r, LATERAL (SELECT loss FROM metrics) m":        "LATERAL",
+		"SELECT DISTINCT ON (run_id) loss FROM metrics":                          "DISTINCT ON",
+		"SELECT loss FROM metrics WHERE run_id ILIKE 'a%'":                       "ILIKE",
+		"SELECT loss FROM metrics WHERE run_id ~ '^a'":                           "operator ~",
+		"SELECT date_trunc('hour', now()) FROM metrics":                          "function date_trunc",
+		"SELECT loss FROM metrics WHERE step = ANY (ARRAY[1, 2])":                "ANY",
+		"SELECT loss FROM generate_series(1, 3) g, metrics":                      "function in FROM",
+		"SELECT loss FROM metrics WHERE run_id LIKE $1 ORDER BY loss DESC, step": "",
+	} {
+		got, err := SQLiteQuery(q)
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("%s: %v", q, err)
+		case want == "" && got != "SELECT loss FROM metrics WHERE run_id LIKE ?1 ORDER BY loss DESC NULLS FIRST, step NULLS LAST":
+			t.Errorf("%s: translated to %s", q, got)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+			t.Errorf("%s: want a refusal naming %q, got %q, %v", q, want, got, err)
+		}
+	}
+	var nested string
+	for _, e := range extraLoops {
+		if e.name == "nested_inner_first" {
+			nested = e.src
+		}
+	}
+	p, err := CompileFile(nested)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.RegisterSQLite(); err == nil || !strings.Contains(err.Error(), "nested loop") {
+		t.Errorf("nested loop registered: %v", err)
+	}
+	db := openSQLite(t, testRuns[:2])
+	if _, err := p.RunSQLite(context.Background(), db, ModeAggregate, []string{"a", "0.1"}); err == nil || !strings.Contains(err.Error(), "nested loop") {
+		t.Errorf("nested loop as an aggregate: %v", err)
+	}
+	res, err := p.RunSQLite(context.Background(), db, ModeLoop, []string{"A", "0.1"})
+	if err != nil || res.Rows[0][0] != "NULL" {
+		t.Errorf("LIKE must stay case-sensitive: %v, %v", res, err)
+	}
+}
