@@ -54,9 +54,10 @@ instead: per loop the aggregate's name and arguments (the fetched columns,
 then the pre-loop values of its parameters and state), registered with the
 modernc.org/sqlite driver with the loop body as its Go step, and the one
 query SELECT <agg>(columns…, pre-loop values… ORDER BY …) FROM (cursor
-query) AS _q that replaces the loop. A file with its own query, a nested
-loop, or a cursor query SQLite cannot run as written (casts, LATERAL, …) is
-refused with the reason.`,
+query) AS _q that replaces the loop (an outer loop whose body holds inner
+loops runs client-side, the inner ones as aggregates). A file with its own
+query, or a cursor query SQLite cannot run as written (casts, LATERAL, …),
+is refused with the reason.`,
 		Example: `  titan aggify analyses/loss_ema.sql --dialect postgres
   titan aggify loss_ema
   titan aggify best_step --dialect sqlite
@@ -131,8 +132,7 @@ SQLite has no PL/pgSQL: loop then interprets the function in Go over the
 rows of its cursor queries (translated to SQLite SQL), aggregate runs each
 loop as one query of an aggregate registered with the driver (see titan
 aggify --dialect sqlite), auto picks the faster as on PostgreSQL (recorded
-apart). The file's own query (e.g. leaderboard) has no SQLite form; a
-nested loop runs as loop only.`,
+apart). The file's own query (e.g. leaderboard) has no SQLite form.`,
 		Example: `  titan analyze loss_ema --db postgres://localhost/titan run-42 0.1
   titan analyze leaderboard --db "$DATABASE_URL" --mode aggregate
   titan analyze best_step --db runs.db --mode aggregate run-42`,

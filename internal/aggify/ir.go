@@ -20,9 +20,10 @@
 // queries' rows (translated to SQLite SQL by SQLiteQuery) and its aggregate
 // form is the loop body as an Accumulator registered with the
 // modernc.org/sqlite driver (RegisterSQLite), each loop one query
-// SELECT <name>_agg(columns…, pre-loop values… ORDER BY …) FROM (…) AS _q.
-// Files with their own outer query, nested loops (as aggregates) and cursor
-// queries using PostgreSQL-only SQL are refused with the reason.
+// SELECT <name>_agg(columns…, pre-loop values… ORDER BY …) FROM (…) AS _q;
+// an outer loop whose body runs queries (nested loops) runs client-side,
+// its inner loops as aggregates. Files with their own outer query and
+// cursor queries using PostgreSQL-only SQL are refused with the reason.
 package aggify
 
 import (

@@ -10,6 +10,9 @@ package aggify
 //     FROM (cursor query) AS _q, where <aggregate> is registered with the
 //     modernc.org/sqlite driver (sqlite.RegisterFunction with
 //     FunctionImpl.MakeAggregate) and its step runs the loop's Accumulator.
+//     An outer loop whose body runs queries (its inner loops) cannot be a
+//     step without a connection: it runs client-side (sqliteOuter), its
+//     inner loops as their aggregates.
 
 import (
 	"context"
@@ -251,6 +254,10 @@ type SQLiteAggregate struct {
 	Line       int
 	Args       []string
 	Query      string
+	// Client is set for an outer loop whose body runs queries (its inner
+	// loops): it runs client-side in Go over Query's rows, its inner loops
+	// as their aggregates, and nothing is registered for it.
+	Client bool
 }
 
 // sqliteAgg builds the aggregate's query for loop a; q is the translated
@@ -277,9 +284,6 @@ func sqliteAgg(a *LoopAnalysis, q string, nq int) (call string, pre []*Var) {
 // sqliteLoop returns loop a's cursor query translated, with its number of
 // parameters, or why the loop cannot run as a SQLite aggregate.
 func sqliteLoop(a *LoopAnalysis) (string, int, error) {
-	if runsQueries(a.loop.Body) {
-		return "", 0, &Error{Func: a.fn.Name, Line: a.Line, Construct: "nested loop", Reason: "the loop body runs queries; a SQLite aggregate's step has no connection (use --mode loop)"}
-	}
 	in := &interp{f: a.fn, env: map[*Var]Value{}, recs: map[*Var]map[string]Value{}}
 	q, args, err := in.bind(&Expr{Text: a.loop.Query.Derived})
 	if err != nil {
@@ -330,6 +334,14 @@ func (p *Program) SQLiteAggregates() ([]SQLiteAggregate, error) {
 			if err != nil {
 				return nil, err
 			}
+			if runsQueries(a.loop.Body) {
+				order := ""
+				if len(keys) > 0 {
+					order = " ORDER BY " + strings.Join(keys, ", ")
+				}
+				out = append(out, SQLiteAggregate{Func: r.Func.Name, Line: a.Line, Client: true, Query: "SELECT * FROM (" + q + ") AS _q" + order})
+				continue
+			}
 			b := *a
 			b.OrderBy = keys
 			call, pre := sqliteAgg(&b, q, nq)
@@ -358,8 +370,8 @@ func (p *Program) RegisterSQLite() error {
 	defer sqliteMu.Unlock()
 	for _, r := range p.Rewrites {
 		for _, a := range r.Loops {
-			if a.loop == nil {
-				continue
+			if a.loop == nil || runsQueries(a.loop.Body) {
+				continue // client-side outer loop
 			}
 			_, known := sqliteAggs[a.aggregate]
 			sqliteAggs[a.aggregate] = a
@@ -526,6 +538,9 @@ func sqliteCall(db *sql.DB, r *Rewrite) func(*interp, *AggCall) error {
 		if a == nil {
 			return nil // a loop without live-out variables: removed
 		}
+		if runsQueries(a.loop.Body) {
+			return sqliteOuter(in, a)
+		}
 		// The aggregate runs this program's loop (another file may have
 		// registered a function of the same name).
 		sqliteMu.Lock()
@@ -617,6 +632,10 @@ func (p *Program) SQLiteText() (string, error) {
 	}
 	var b strings.Builder
 	for _, g := range aggs {
+		if g.Client {
+			fmt.Fprintf(&b, "-- %s, loop at line %d: its body runs queries (inner loops), so it runs client-side in Go over the rows of\n%s;\n--   its inner loops as the aggregates above, one query per row\n\n", g.Func, g.Line, g.Query)
+			continue
+		}
 		fmt.Fprintf(&b, "-- %s, loop at line %d: aggregate %s registered with modernc.org/sqlite (sqlite.RegisterFunction, MakeAggregate)\n", g.Func, g.Line, g.Name)
 		fmt.Fprintf(&b, "--   %d arguments: %s\n", len(g.Args), strings.Join(g.Args, ", "))
 		b.WriteString("--   step: the loop body run by the Go interpreter (Accumulator); value: the results as a JSON array of text; NULL for no rows (the pre-loop values are kept)\n")
@@ -624,4 +643,52 @@ func (p *Program) SQLiteText() (string, error) {
 		b.WriteString(g.Query + ";\n\n")
 	}
 	return b.String(), nil
+}
+
+// sqliteOuter runs an outer loop (its body runs queries) client-side: the
+// rewritten body (guard flags instead of EXIT/CONTINUE/RETURN, inner loops
+// as aggregate calls) for each row of the cursor query in the loop's order,
+// as the Accumulator does, but on the function's own variables.
+func sqliteOuter(in *interp, a *LoopAnalysis) error {
+	q, args, err := in.bind(&Expr{Text: a.loop.Query.Derived})
+	if err != nil {
+		return err
+	}
+	if len(a.OrderBy) > 0 {
+		q = "SELECT * FROM (" + q + ") AS _q ORDER BY " + strings.Join(a.OrderBy, ", ")
+	}
+	for _, v := range a.init {
+		if v.Kind == Synth {
+			in.env[v] = nil
+			if v.Default != nil {
+				x, err := in.eval(v.Default)
+				if err != nil {
+					return err
+				}
+				if in.env[v], err = coerce(x, v.Type); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	var bodyErr error
+	err = in.rows(in.ctx, q, args, true, func(row map[string]Value) bool {
+		if d := a.done; d != nil && in.env[d] == true {
+			return false
+		}
+		for _, v := range a.locals {
+			in.env[v] = nil
+		}
+		in.recs[a.loop.Rec] = row
+		c, err := in.list(a.loop.Body)
+		if err == nil && c.kind != ctlNone {
+			err = in.fail(a.Line, "loop body", "unexpected jump out of the rewritten body")
+		}
+		bodyErr = err
+		return err == nil
+	})
+	if bodyErr != nil {
+		return bodyErr
+	}
+	return err
 }
