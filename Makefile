@@ -45,7 +45,8 @@ bench-comm:
 	bash bench/gloo/compare.sh
 
 ## bench-aggify: a cursor loop (Go client over fetched rows, PL/pgSQL) against
-## its Aggify rewrite on a throwaway PostgreSQL, 1,000 runs × 1,000 steps.
+## its Aggify rewrite on a throwaway PostgreSQL and on SQLite, 1,000 runs ×
+## 1,000 steps.
 bench-aggify:
 	$(GO) test -run '^$$' -bench Aggify -benchtime 2x ./internal/aggify
 

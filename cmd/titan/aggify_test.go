@@ -1,10 +1,14 @@
 package main
 
 import (
+	"context"
+	"database/sql"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/titan-go/titan/internal/runstore"
 )
 
 // TestAggifyCommand checks titan aggify on a file and on a built-in name,
@@ -32,7 +36,61 @@ END $$;`), 0o644)
 	if _, err := titan(t, "aggify", bad); err == nil || !strings.Contains(err.Error(), "line 5: INSERT") {
 		t.Errorf("want a refusal naming line 5: INSERT, got %v", err)
 	}
-	if _, err := titan(t, "aggify", "loss_ema", "--dialect", "sqlite"); err == nil {
-		t.Error("--dialect sqlite: want an error (not implemented yet)")
+	out, err = titan(t, "aggify", "loss_ema", "--dialect", "sqlite")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"aggregate loss_ema_agg registered with modernc.org/sqlite", "3 arguments: loss (column), p_alpha float8 (pre-loop value), ema float8 (pre-loop value)",
+		"SELECT loss_ema_agg(_q.loss, ?2, ?3 ORDER BY _q._ord1 NULLS LAST) FROM (SELECT loss, step AS _ord1 FROM metrics WHERE run_id = ?1) AS _q;"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("--dialect sqlite output lacks %q:\n%s", want, out)
+		}
+	}
+	if _, err := titan(t, "aggify", "leaderboard", "--dialect", "sqlite"); err == nil || !strings.Contains(err.Error(), "no SQLite form") {
+		t.Errorf("leaderboard on SQLite: want a refusal, got %v", err)
+	}
+}
+
+// TestAnalyzeSQLite runs titan analyze on a SQLite run store in every mode:
+// loop, aggregate and auto agree, and auto records its choice.
+func TestAnalyzeSQLite(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "runs.db")
+	st, err := runstore.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`INSERT INTO runs (run_id, recipe_path, model, flavor, layout, world, host, titan_version, description, dump_folder, steps_planned, tokens_per_step, recipe, started_at, status)
+		VALUES ('r1', 'x.toml', 'm', 'f', 'l', 1, 'h', 'v', 'd', 'o', 5, 1, '{}', '2026-12-01T00:00:00Z', 'finished')`); err != nil {
+		t.Fatal(err)
+	}
+	for i, loss := range []any{3.0, 2.5, nil, 2.0, 2.25} {
+		if _, err := db.Exec("INSERT INTO metrics (run_id, step, loss, elapsed_s) VALUES ('r1', ?, ?, ?)", i, loss, float64(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+	cache := filepath.Join(dir, "modes.json")
+	for _, mode := range []string{"loop", "aggregate", "auto", "auto"} {
+		out, err := titan(t, "analyze", "best_step", "--db", path, "--mode", mode, "--cache", cache, "r1")
+		if err != nil {
+			t.Fatalf("--mode %s: %v", mode, err)
+		}
+		if !strings.HasPrefix(out, "best_step\n3\n") {
+			t.Errorf("--mode %s: %q, want best_step 3", mode, out)
+		}
+		out, err = titan(t, "analyze", "best_step", "--db", path, "--mode", mode, "--cache", cache, "none")
+		if err != nil || !strings.HasPrefix(out, "best_step\nNULL\n") {
+			t.Errorf("--mode %s, an empty run: %q, %v; want NULL", mode, out, err)
+		}
+	}
+	if b, err := os.ReadFile(cache); err != nil || !strings.Contains(string(b), ":sqlite") {
+		t.Errorf("auto did not record a SQLite choice: %s %v", b, err)
 	}
 }

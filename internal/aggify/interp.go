@@ -37,7 +37,13 @@ type Rows func(ctx context.Context, sql string, args []any, buffer bool, yield f
 // casts to numeric and text types. Numeric (decimal) arithmetic is done in
 // float64; anything else is an error naming the construct and line.
 func Interpret(ctx context.Context, f *Func, args []Value, q Rows) ([]Value, error) {
-	in := &interp{ctx: ctx, f: f, env: map[*Var]Value{}, recs: map[*Var]map[string]Value{}, rows: q}
+	return interpret(ctx, f, args, q, nil)
+}
+
+// interpret is Interpret with agg, when set, running the rewritten loops
+// (AggCall statements) of a compiled function.
+func interpret(ctx context.Context, f *Func, args []Value, q Rows, agg func(*interp, *AggCall) error) ([]Value, error) {
+	in := &interp{ctx: ctx, f: f, env: map[*Var]Value{}, recs: map[*Var]map[string]Value{}, rows: q, agg: agg}
 	i := 0
 	for _, p := range f.Params {
 		if p.Kind == Param {
@@ -104,6 +110,7 @@ type interp struct {
 	env  map[*Var]Value
 	recs map[*Var]map[string]Value
 	rows Rows
+	agg  func(*interp, *AggCall) error
 }
 
 func (in *interp) fail(line int, construct, reason string) error {
@@ -290,6 +297,11 @@ func (in *interp) stmt(s Stmt) (control, error) {
 			return control{}, in.fail(s.Line, "cursor query", err.Error())
 		}
 		return out, nil
+	case *AggCall:
+		if in.agg == nil {
+			return control{}, in.fail(s.Line, "aggregate call", "statement not supported by the interpreter")
+		}
+		return control{}, in.agg(in, s)
 	default:
 		return control{}, in.fail(s.line(), fmt.Sprintf("%T", s), "statement not supported by the interpreter")
 	}

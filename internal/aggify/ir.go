@@ -14,9 +14,16 @@
 // query instead of the loop.
 //
 // The IR keeps each expression's source text, its resolved variable uses and
-// its parse tree, so that a second back end (a Go interpreter of the loop
-// body registered as an SQLite aggregate) can be added beside the PL/pgSQL
-// emitter without changing the analysis.
+// its parse tree, so that a second back end sits beside the PL/pgSQL
+// emitter without changing the analysis: the SQLite dialect (sqlite.go).
+// SQLite has no PL/pgSQL, so its loop form is Interpret over the cursor
+// queries' rows (translated to SQLite SQL by SQLiteQuery) and its aggregate
+// form is the loop body as an Accumulator registered with the
+// modernc.org/sqlite driver (RegisterSQLite), each loop one query
+// SELECT <name>_agg(columns…, pre-loop values… ORDER BY …) FROM (…) AS _q;
+// an outer loop whose body runs queries (nested loops) runs client-side,
+// its inner loops as aggregates. Files with their own outer query and
+// cursor queries using PostgreSQL-only SQL are refused with the reason.
 package aggify
 
 import (

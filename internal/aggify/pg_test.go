@@ -99,7 +99,28 @@ func load(tb testing.TB, conn *pgx.Conn, runs []genRun) {
 	if _, err := conn.Exec(ctx, schema); err != nil {
 		tb.Fatal(err)
 	}
-	var runRows, rows [][]any
+	runRows, cols, rows := genRows(runs)
+	loadRows(tb, conn, runRows, cols, rows)
+}
+
+// loadRows fills the created tables with generated rows.
+func loadRows(tb testing.TB, conn *pgx.Conn, runRows [][]any, cols []string, rows [][]any) {
+	tb.Helper()
+	ctx := context.Background()
+	if _, err := conn.CopyFrom(ctx, pgx.Identifier{"runs"}, []string{"run_id", "recipe"}, pgx.CopyFromRows(runRows)); err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := conn.CopyFrom(ctx, pgx.Identifier{"metrics"}, cols, pgx.CopyFromRows(rows)); err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "ANALYZE"); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// genRows generates the runs' rows (deterministic): the runs table's rows,
+// the metrics columns and rows.
+func genRows(runs []genRun) (runRows [][]any, cols []string, rows [][]any) {
 	for ri, r := range runs {
 		runRows = append(runRows, []any{r.id, r.recipe})
 		rng := rand.New(rand.NewSource(int64(ri + 1)))
@@ -148,16 +169,8 @@ func load(tb testing.TB, conn *pgx.Conn, runs []genRun) {
 			rows = append(rows, []any{r.id, int64(s), lossV, gnV, 3e-4, tps, 100.0, 0.4 + 0.01*rng.NormFloat64(), 40 + 10*rng.Float64(), 20.0, t, val})
 		}
 	}
-	cols := []string{"run_id", "step", "loss", "grad_norm", "lr", "tokens_per_sec", "tflops", "mfu", "mem_gib", "state_gib", "elapsed_s", "val_loss"}
-	if _, err := conn.CopyFrom(ctx, pgx.Identifier{"runs"}, []string{"run_id", "recipe"}, pgx.CopyFromRows(runRows)); err != nil {
-		tb.Fatal(err)
-	}
-	if _, err := conn.CopyFrom(ctx, pgx.Identifier{"metrics"}, cols, pgx.CopyFromRows(rows)); err != nil {
-		tb.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, "ANALYZE"); err != nil {
-		tb.Fatal(err)
-	}
+	cols = []string{"run_id", "step", "loss", "grad_norm", "lr", "tokens_per_sec", "tflops", "mfu", "mem_gib", "state_gib", "elapsed_s", "val_loss"}
+	return runRows, cols, rows
 }
 
 // textOf runs q and returns its single column of every row as text.

@@ -3,6 +3,7 @@ package aggify
 import (
 	"context"
 	"crypto/sha256"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -228,24 +229,39 @@ func (p *Program) Analyze(ctx context.Context, conn *pgx.Conn, mode Mode, args [
 	if mode != ModeAuto {
 		return p.Run(ctx, conn, mode, args)
 	}
+	return p.auto("", cacheFile, func(m Mode) (*Result, error) { return p.Run(ctx, conn, m, args) })
+}
+
+// AnalyzeSQLite is Analyze on a SQLite database (RunSQLite); auto's choice
+// is recorded apart from PostgreSQL's for the same file.
+func (p *Program) AnalyzeSQLite(ctx context.Context, db *sql.DB, mode Mode, args []string, cacheFile string) (*Result, error) {
+	if mode != ModeAuto {
+		return p.RunSQLite(ctx, db, mode, args)
+	}
+	return p.auto(":sqlite", cacheFile, func(m Mode) (*Result, error) { return p.RunSQLite(ctx, db, m, args) })
+}
+
+// auto runs ModeAuto: the recorded choice for the file (key suffix dialect),
+// or both forms, checked to agree, the faster one recorded.
+func (p *Program) auto(dialect, cacheFile string, run func(Mode) (*Result, error)) (*Result, error) {
 	sum := sha256.Sum256([]byte(p.Source))
-	key := hex.EncodeToString(sum[:8])
+	key := hex.EncodeToString(sum[:8]) + dialect
 	cache := map[string]Mode{}
 	if b, err := os.ReadFile(cacheFile); err == nil {
 		json.Unmarshal(b, &cache)
 	}
 	if m, ok := cache[key]; ok {
-		r, err := p.Run(ctx, conn, m, args)
+		r, err := run(m)
 		if err == nil {
 			r.Note = fmt.Sprintf("auto: %s, chosen by an earlier measurement (%s)", m, cacheFile)
 		}
 		return r, err
 	}
-	loop, err := p.Run(ctx, conn, ModeLoop, args)
+	loop, err := run(ModeLoop)
 	if err != nil {
 		return nil, err
 	}
-	agg, err := p.Run(ctx, conn, ModeAggregate, args)
+	agg, err := run(ModeAggregate)
 	if err != nil {
 		return nil, err
 	}
