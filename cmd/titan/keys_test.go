@@ -214,12 +214,12 @@ var keyTable = map[string]keyCheck{
 	}},
 	// [profiling]: off and refused when on.
 	"profiling.enable_profiling":            {refuse: "true"},
-	"profiling.save_traces_folder":          {inertUnless: "profiling.enable_profiling"},
-	"profiling.profile_freq":                {inertUnless: "profiling.enable_profiling"},
-	"profiling.profiler_active":             {inertUnless: "profiling.enable_profiling"},
-	"profiling.profiler_warmup":             {inertUnless: "profiling.enable_profiling"},
+	"profiling.save_traces_folder":          {refuse: "elsewhere"},
+	"profiling.profile_freq":                {refuse: "5"},
+	"profiling.profiler_active":             {refuse: "2"},
+	"profiling.profiler_warmup":             {refuse: "4"},
 	"profiling.enable_memory_snapshot":      {refuse: "true"},
-	"profiling.save_memory_snapshot_folder": {inertUnless: "profiling.enable_memory_snapshot"},
+	"profiling.save_memory_snapshot_folder": {refuse: "elsewhere"},
 	// [metrics]
 	"metrics.log_freq": {check: func(t *testing.T, h *keysHarness) {
 		// Steps 1 and the last are always logged.
@@ -240,7 +240,7 @@ var keyTable = map[string]keyCheck{
 			t.Errorf("metrics.disable_color_printing=true: the log is coloured:\n%q", out)
 		}
 	}},
-	"metrics.save_tb_folder": {inertUnless: "metrics.enable_tensorboard"},
+	"metrics.save_tb_folder": {refuse: "elsewhere"},
 	"metrics.enable_db": {check: func(t *testing.T, h *keysHarness) {
 		on := filepath.Join(t.TempDir(), "on.db")
 		h.ok(t, "metrics.db="+on)

@@ -105,6 +105,19 @@ func (v *validator) unsupported(key string, value any, accepted string) {
 	v.fail(key, value, "not supported yet (titan accepts only %s)", accepted)
 }
 
+// unchanged refuses a setting of a key that only tunes a feature titan
+// does not have yet (what), unless it is the default.
+func (v *validator) unchanged(key string, x, def any, what string) {
+	for _, e := range v.errs {
+		if ke, ok := e.(*KeyError); ok && ke.Key == key {
+			return // already refused for its value
+		}
+	}
+	if x != def {
+		v.fail(key, x, "not supported yet: it only tunes %s, which titan does not have (leave it at %v)", what, def)
+	}
+}
+
 // only refuses a value other than the one titan implements.
 func (v *validator) only(key, x, want string) {
 	if x != want {
@@ -149,16 +162,23 @@ func (j *Job) Validate() error {
 	v.atLeast("profiling.profile_freq", p.ProfileFreq, 1)
 	v.atLeast("profiling.profiler_active", p.ProfilerActive, 1)
 	v.atLeast("profiling.profiler_warmup", p.ProfilerWarmup, 0)
-	// The folder and frequency keys only matter once these are on.
 	// Accepted by the schema, not built yet: refused by name rather than
-	// ignored (the trainer would train as if they were unset).
+	// ignored (the trainer would train as if they were unset). The keys
+	// that only tune them are refused too when set away from their
+	// defaults, so that no setting of theirs is silently dropped.
+	d := Default()
 	v.off("parallelism.disable_loss_parallel", j.Parallelism.DisableLossParallel)
 	v.off("profiling.enable_profiling", p.EnableProfiling)
 	v.off("profiling.enable_memory_snapshot", p.EnableMemorySnapshot)
+	v.unchanged("profiling.save_traces_folder", p.SaveTracesFolder, d.Profiling.SaveTracesFolder, "profiling")
+	v.unchanged("profiling.profile_freq", p.ProfileFreq, d.Profiling.ProfileFreq, "profiling")
+	v.unchanged("profiling.profiler_active", p.ProfilerActive, d.Profiling.ProfilerActive, "profiling")
+	v.unchanged("profiling.profiler_warmup", p.ProfilerWarmup, d.Profiling.ProfilerWarmup, "profiling")
+	v.unchanged("profiling.save_memory_snapshot_folder", p.SaveMemorySnapshotFolder, d.Profiling.SaveMemorySnapshotFolder, "memory snapshots")
 
 	v.atLeast("metrics.log_freq", j.Metrics.LogFreq, 1)
-	// metrics.save_tb_folder only matters once TensorBoard is on.
 	v.off("metrics.enable_tensorboard", j.Metrics.EnableTensorboard)
+	v.unchanged("metrics.save_tb_folder", j.Metrics.SaveTBFolder, d.Metrics.SaveTBFolder, "TensorBoard")
 	if db := j.Metrics.DB; strings.Contains(db, "://") && !strings.HasPrefix(db, "postgres://") && !strings.HasPrefix(db, "postgresql://") {
 		v.fail("metrics.db", db, "want a SQLite file path or a postgres:// (postgresql://) URL")
 	}
