@@ -290,33 +290,47 @@ func PgxRows(conn *pgx.Conn) Rows {
 		}
 		defer rows.Close()
 		fds := rows.FieldDescriptions()
-		var buf []map[string]Value
-		for rows.Next() {
+		return feed(rows.Next, rows.Err, rows.Close, func() (map[string]Value, error) {
 			vals, err := rows.Values()
 			if err != nil {
-				return err
+				return nil, err
 			}
 			row := make(map[string]Value, len(vals))
 			for i, v := range vals {
 				row[fds[i].Name] = normalize(v)
 			}
-			if buffer {
-				buf = append(buf, row)
-			} else if !yield(row) {
-				break
-			}
-		}
-		if err := rows.Err(); err != nil {
+			return row, nil
+		}, buffer, yield)
+	}
+}
+
+// feed hands the rows of a result set (next advances, read decodes the
+// current row) to yield, stopping when yield returns false. With buffer
+// it reads them all and closes the result set first, so that yield may
+// run queries of its own on the same connection.
+func feed(next func() bool, rowsErr func() error, closeRows func(), read func() (map[string]Value, error), buffer bool, yield func(map[string]Value) bool) error {
+	var buf []map[string]Value
+	for next() {
+		row, err := read()
+		if err != nil {
 			return err
 		}
-		rows.Close()
-		for _, row := range buf {
-			if !yield(row) {
-				break
-			}
+		if buffer {
+			buf = append(buf, row)
+		} else if !yield(row) {
+			break
 		}
-		return nil
 	}
+	if err := rowsErr(); err != nil {
+		return err
+	}
+	closeRows()
+	for _, row := range buf {
+		if !yield(row) {
+			break
+		}
+	}
+	return nil
 }
 
 // normalize maps pgx's Go values onto the interpreter's (int64, float64,

@@ -178,31 +178,17 @@ func SQLiteRows(db *sql.DB) Rows {
 		for i := range vals {
 			ptrs[i] = &vals[i]
 		}
-		var buf []map[string]Value
-		for rows.Next() {
+		closeRows := func() { rows.Close() }
+		return feed(rows.Next, rows.Err, closeRows, func() (map[string]Value, error) {
 			if err := rows.Scan(ptrs...); err != nil {
-				return err
+				return nil, err
 			}
 			row := make(map[string]Value, len(cols))
 			for i, c := range cols {
 				row[c] = sqliteValue(vals[i])
 			}
-			if buffer {
-				buf = append(buf, row)
-			} else if !yield(row) {
-				break
-			}
-		}
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		rows.Close()
-		for _, row := range buf {
-			if !yield(row) {
-				break
-			}
-		}
-		return nil
+			return row, nil
+		}, buffer, yield)
 	}
 }
 
