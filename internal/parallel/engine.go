@@ -116,6 +116,10 @@ type engine struct {
 	stages []*stage           // this rank's stages, increasing
 	rt     *fsdp.Runtime
 	repl   []model.Range // replicated ranges of the local buffer
+	// ties are the model's copies this rank keeps in step (see
+	// reduceCopies) and copyGrads the gradient shards of its own copies.
+	ties      []tie
+	copyGrads []backend.Tensor
 	// bubble holds the last report's inputs.
 	stats pipeline.Stats
 }
@@ -279,6 +283,9 @@ func New(be backend.Backend, fam model.Family, g *Groups, o Options) (Engine, er
 			p.SetHooks(stageHooks{rt: e.rt, base: st.unit0})
 		}
 	}
+	if err := e.planTies(); err != nil {
+		return nil, err
+	}
 	return e, nil
 }
 
@@ -412,8 +419,8 @@ func (e *engine) GradSumSquares() (float64, error) {
 		e.replicatedShard(func(t backend.Tensor) { s -= e.be.SumSquares(t) })
 	}
 	// A copy's gradient is its source's, counted there.
-	for _, t := range e.copyShards() {
-		s -= e.be.SumSquares(t.copy)
+	for _, g := range e.copyGrads {
+		s -= e.be.SumSquares(g)
 	}
 	v := []float64{s}
 	if err := e.g.SumWorld(v); err != nil {
@@ -423,54 +430,40 @@ func (e *engine) GradSumSquares() (float64, error) {
 	return v[0] / float64(size(e.g.Replicate)), nil
 }
 
-// tiedShard is this rank's shard of one copy unit and of its source's
-// unit when this rank holds it (Mem nil otherwise).
-type tiedShard struct{ copy, source backend.Tensor }
-
-// unitAt returns the runtime's unit whose range is [lo, hi) of the local
-// buffer, or -1.
-func (e *engine) unitAt(lo, hi int) int {
+// gradShard is this rank's gradient shard of the runtime's unit that is
+// [lo, hi) of the local buffer (false: no such unit).
+func (e *engine) gradShard(lo, hi int) (backend.Tensor, bool) {
 	for u, r := range e.rt.Units {
 		if r.Lo == lo && r.Hi == hi {
-			return u
+			return e.rt.Grads.Slice(e.rt.Local[u], e.rt.Shards[u].Len()), true
 		}
 	}
-	return -1
+	return backend.Tensor{}, false
 }
 
-// copyShards lists, for every copy of this rank's stages, its gradient
-// shard.
-func (e *engine) copyShards() []tiedShard {
-	var out []tiedShard
-	for _, st := range e.stages {
-		for _, c := range st.copies {
-			u := e.unitAt(st.off+c.Local.Lo, st.off+c.Local.Hi)
-			out = append(out, tiedShard{copy: e.rt.Grads.Slice(e.rt.Local[u], e.rt.Shards[u].Len())})
-		}
-	}
-	return out
+// tie is one copy of the model (model.Copy) as this rank takes part in
+// keeping it equal to its source: the gradient shards it holds of either
+// side (none on a rank that holds neither) and the length of one shard.
+type tie struct {
+	shards []backend.Tensor
+	n      int
 }
 
-// reduceCopies adds up the gradients of every copy and of its source
-// over the pipeline group, so that both hold the model's gradient (and,
-// updated alike, stay equal). Every pipeline rank takes part with each
-// tie of the model, in stage order; a rank that holds neither side adds
-// zeros.
-func (e *engine) reduceCopies() error {
-	if e.g.PP == nil {
-		return nil
-	}
-	specs := e.o.Pipeline.Stages
-	var bufs [][]backend.Tensor // per tie: this rank's shards of it
-	var n []int
-	for s, spec := range specs {
+// planTies finds, once, every tie of the model in stage order and this
+// rank's shards of it, and the gradient shards of its own copies.
+func (e *engine) planTies() error {
+	for s, spec := range e.o.Pipeline.Stages {
 		for _, c := range model.StageCopies(e.fam, spec, e.pl.TP) {
-			var mine []backend.Tensor
+			var t tie
 			for _, st := range e.stages {
 				// The copy itself, on the stage that holds it.
 				if st.index == s {
-					u := e.unitAt(st.off+c.Local.Lo, st.off+c.Local.Hi)
-					mine = append(mine, e.rt.Grads.Slice(e.rt.Local[u], e.rt.Shards[u].Len()))
+					g, ok := e.gradShard(st.off+c.Local.Lo, st.off+c.Local.Hi)
+					if !ok {
+						return fmt.Errorf("parallel: the copy %v of stage %d is not one of its units", c.Local, s)
+					}
+					t.shards = append(t.shards, g)
+					e.copyGrads = append(e.copyGrads, g)
 				}
 				// The source, on the stage whose range holds it.
 				if c.Source.Lo >= st.flat.Lo && c.Source.Hi <= st.flat.Hi {
@@ -480,47 +473,57 @@ func (e *engine) reduceCopies() error {
 							lo = a + c.Source.Lo - st.toFlat(a)
 						}
 					})
-					u := e.unitAt(st.off+lo, st.off+lo+c.Source.Len())
-					if u < 0 {
+					g, ok := e.gradShard(st.off+lo, st.off+lo+c.Source.Len())
+					if !ok {
 						return fmt.Errorf("parallel: the source %v of a tied copy is not a unit of stage %d", c.Source, st.index)
 					}
-					mine = append(mine, e.rt.Grads.Slice(e.rt.Local[u], e.rt.Shards[u].Len()))
+					t.shards = append(t.shards, g)
 				}
 			}
 			// Every rank's shard of the tied unit has the same length.
 			lo, hi := comm.ChunkBounds(c.Local.Len(), size(e.g.Shard), rank(e.g.Shard))
-			bufs, n = append(bufs, mine), append(n, hi-lo)
+			t.n = hi - lo
+			e.ties = append(e.ties, t)
 		}
 	}
-	total := 0
-	for _, k := range n {
-		total += k
-	}
-	if total == 0 {
+	return nil
+}
+
+// reduceCopies adds up the gradients of every copy and of its source
+// over the pipeline group, so that both hold the model's gradient (and,
+// updated alike, stay equal). Every pipeline rank takes part with each
+// tie of the model, in stage order; a rank that holds neither side adds
+// zeros.
+func (e *engine) reduceCopies() error {
+	if len(e.ties) == 0 {
 		return nil
+	}
+	total := 0
+	for _, t := range e.ties {
+		total += t.n
 	}
 	h := make([]float32, total)
 	tmp := make([]float32, 0, total)
 	off := 0
-	for i, mine := range bufs {
-		for _, t := range mine {
-			tmp = tmp[:t.Len]
-			e.be.Download(tmp, t)
+	for _, t := range e.ties {
+		for _, g := range t.shards {
+			tmp = tmp[:g.Len]
+			e.be.Download(tmp, g)
 			for j, v := range tmp {
 				h[off+j] += v
 			}
 		}
-		off += n[i]
+		off += t.n
 	}
 	if err := e.g.PP.AllReduce(commCtx, comm.F32(h), comm.Sum); err != nil {
 		return fmt.Errorf("pipeline: tied gradients: %w", err)
 	}
 	off = 0
-	for i, mine := range bufs {
-		for _, t := range mine {
-			e.be.Upload(t, h[off:off+t.Len])
+	for _, t := range e.ties {
+		for _, g := range t.shards {
+			e.be.Upload(g, h[off:off+g.Len])
 		}
-		off += n[i]
+		off += t.n
 	}
 	return nil
 }
