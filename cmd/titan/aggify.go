@@ -132,7 +132,10 @@ SQLite has no PL/pgSQL: loop then interprets the function in Go over the
 rows of its cursor queries (translated to SQLite SQL), aggregate runs each
 loop as one query of an aggregate registered with the driver (see titan
 aggify --dialect sqlite), auto picks the faster as on PostgreSQL (recorded
-apart). The file's own query (e.g. leaderboard) has no SQLite form.`,
+apart). The file's own query (e.g. leaderboard's ranking over runs) runs in
+SQLite with each call of a file function in FROM replaced by a table of its
+results, the function run once per distinct argument tuple (loop or
+aggregate as the mode says).`,
 		Example: `  titan analyze loss_ema --db postgres://localhost/titan run-42 0.1
   titan analyze leaderboard --db "$DATABASE_URL" --mode aggregate
   titan analyze best_step --db runs.db --mode aggregate run-42`,

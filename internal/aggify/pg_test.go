@@ -66,7 +66,7 @@ func freshDB(tb testing.TB, name string) *pgx.Conn {
 
 // schema is the run store's shape (internal/runstore on its own branch).
 const schema = `
-CREATE TABLE runs (run_id text PRIMARY KEY, recipe text NOT NULL);
+CREATE TABLE runs (run_id text PRIMARY KEY, recipe_path text NOT NULL);
 CREATE TABLE metrics (
   run_id text NOT NULL, step bigint NOT NULL,
   loss double precision, grad_norm double precision, lr double precision,
@@ -107,7 +107,7 @@ func load(tb testing.TB, conn *pgx.Conn, runs []genRun) {
 func loadRows(tb testing.TB, conn *pgx.Conn, runRows [][]any, cols []string, rows [][]any) {
 	tb.Helper()
 	ctx := context.Background()
-	if _, err := conn.CopyFrom(ctx, pgx.Identifier{"runs"}, []string{"run_id", "recipe"}, pgx.CopyFromRows(runRows)); err != nil {
+	if _, err := conn.CopyFrom(ctx, pgx.Identifier{"runs"}, []string{"run_id", "recipe_path"}, pgx.CopyFromRows(runRows)); err != nil {
 		tb.Fatal(err)
 	}
 	if _, err := conn.CopyFrom(ctx, pgx.Identifier{"metrics"}, cols, pgx.CopyFromRows(rows)); err != nil {

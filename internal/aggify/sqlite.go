@@ -36,6 +36,7 @@ import (
 var sqliteFuncs = map[string]bool{
 	"abs": true, "coalesce": true, "count": true, "sum": true, "min": true, "max": true,
 	"avg": true, "lower": true, "upper": true, "length": true, "nullif": true, "round": true,
+	"rank": true, "dense_rank": true, "row_number": true,
 }
 
 var (
@@ -303,9 +304,6 @@ func sqliteOrder(keys []string) ([]string, error) {
 // RegisterSQLite registers and the query each rewritten loop runs. A loop
 // that cannot run as a SQLite aggregate is refused with the reason.
 func (p *Program) SQLiteAggregates() ([]SQLiteAggregate, error) {
-	if len(p.Queries) > 0 {
-		return nil, errors.New("aggify: the SQLite dialect runs a function; the file's own query (SQL calling PL/pgSQL functions) has no SQLite form")
-	}
 	var out []SQLiteAggregate
 	for _, r := range p.Rewrites {
 		for _, a := range r.Loops {
@@ -446,12 +444,31 @@ func (s *sqliteStep) WindowValue(*sqlite.FunctionContext) (driver.Value, error) 
 
 func (s *sqliteStep) Final(*sqlite.FunctionContext) {}
 
-// RunSQLite runs the file's last compiled function on a SQLite database in
-// mode (loop or aggregate), with args as text converted to the parameter
-// types. The aggregate mode needs RegisterSQLite before db was opened.
+// RunSQLite runs the file on a SQLite database in mode (loop or
+// aggregate): its own query when it has one (see runSQLiteQuery; args must
+// then be empty), else its last compiled function with args as text
+// converted to the parameter types. The aggregate mode needs RegisterSQLite
+// before db was opened.
 func (p *Program) RunSQLite(ctx context.Context, db *sql.DB, mode Mode, args []string) (*Result, error) {
+	if mode != ModeLoop && mode != ModeAggregate {
+		return nil, fmt.Errorf("aggify: mode %q on SQLite: want loop or aggregate", mode)
+	}
+	if mode == ModeAggregate {
+		if _, err := p.SQLiteAggregates(); err != nil {
+			return nil, err
+		}
+	}
+	start := time.Now()
 	if len(p.Queries) > 0 {
-		return nil, errors.New("aggify: the SQLite dialect runs a function; the file's own query (SQL calling PL/pgSQL functions) has no SQLite form")
+		if len(args) > 0 {
+			return nil, fmt.Errorf("aggify: the file runs its own query, which takes no arguments (got %d)", len(args))
+		}
+		res, err := p.runSQLiteQuery(ctx, db, mode)
+		if err != nil {
+			return nil, err
+		}
+		res.Elapsed = time.Since(start)
+		return res, nil
 	}
 	r := p.Rewrites[len(p.Rewrites)-1]
 	var in []*Var
@@ -471,24 +488,7 @@ func (p *Program) RunSQLite(ctx context.Context, db *sql.DB, mode Mode, args []s
 	for i, a := range args {
 		vals[i] = a
 	}
-	start := time.Now()
-	var out []Value
-	var err error
-	switch mode {
-	case ModeLoop:
-		file, perr := ParseFile(p.Source) // a fresh IR: Compile consumed the first
-		if perr != nil {
-			return nil, perr
-		}
-		out, err = Interpret(ctx, file.Funcs[len(file.Funcs)-1], vals, SQLiteRows(db))
-	case ModeAggregate:
-		if _, err := p.SQLiteAggregates(); err != nil {
-			return nil, err
-		}
-		out, err = interpret(ctx, r.Func, vals, SQLiteRows(db), sqliteCall(db, r))
-	default:
-		return nil, fmt.Errorf("aggify: mode %q on SQLite: want loop or aggregate", mode)
-	}
+	out, err := p.callSQLite(ctx, db, mode, r.Func.Name, vals)
 	if err != nil {
 		return nil, err
 	}
@@ -510,6 +510,30 @@ func (p *Program) RunSQLite(ctx context.Context, db *sql.DB, mode Mode, args []s
 	}
 	res.Rows = [][]string{row}
 	return res, nil
+}
+
+// callSQLite runs the file's function name on db in mode with vals (the
+// IN parameters, coerced to their types) and returns its results: the
+// return value, or the OUT parameters in order.
+func (p *Program) callSQLite(ctx context.Context, db *sql.DB, mode Mode, name string, vals []Value) ([]Value, error) {
+	if mode == ModeLoop {
+		file, err := ParseFile(p.Source) // a fresh IR: Compile consumed the first
+		if err != nil {
+			return nil, err
+		}
+		for _, f := range file.Funcs {
+			if f.Name == name {
+				return Interpret(ctx, f, vals, SQLiteRows(db))
+			}
+		}
+		return nil, fmt.Errorf("aggify: no function %s in the file", name)
+	}
+	for _, r := range p.Rewrites {
+		if r.Func.Name == name {
+			return interpret(ctx, r.Func, vals, SQLiteRows(db), sqliteCall(db, r))
+		}
+	}
+	return nil, fmt.Errorf("aggify: %s has no cursor loop to run as an aggregate", name)
 }
 
 // sqliteCall runs a rewritten loop as its registered aggregate's query.
@@ -589,8 +613,8 @@ func sqliteCall(db *sql.DB, r *Rewrite) func(*interp, *AggCall) error {
 
 // OpenSQLite registers the program's aggregates (RegisterSQLite) and opens
 // the existing SQLite database at path read-only, on one connection. For
-// a file with its own query, or a loop SQLite cannot aggregate, only the
-// loop mode is available and registration is skipped.
+// a loop SQLite cannot aggregate only the loop mode is available, and
+// registration is skipped.
 func (p *Program) OpenSQLite(path string) (*sql.DB, error) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("aggify: SQLite run store: %w", err)
@@ -627,6 +651,11 @@ func (p *Program) SQLiteText() (string, error) {
 		b.WriteString("--   step: the loop body run by the Go interpreter (Accumulator); value: the results as a JSON array of text; NULL for no rows (the pre-loop values are kept)\n")
 		b.WriteString("--   ?n: the cursor query's variables, then the pre-loop values, bound by titan analyze\n")
 		b.WriteString(g.Query + ";\n\n")
+	}
+	if len(p.Queries) > 0 {
+		fmt.Fprintf(&b, "-- the file's query runs in SQLite with each call of a file function in FROM replaced by a common table\n"+
+			"-- expression of its results: the function runs once per distinct argument tuple of the other FROM items\n"+
+			"-- (as the aggregates above), joined on the arguments (IS NOT DISTINCT FROM):\n%s;\n", p.Queries[len(p.Queries)-1])
 	}
 	return b.String(), nil
 }

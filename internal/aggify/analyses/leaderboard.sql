@@ -17,7 +17,7 @@ BEGIN
   END LOOP;
 END $$;
 
-SELECT r.recipe, r.run_id, s.final_ema, s.best_loss, s.steps,
-       rank() OVER (PARTITION BY r.recipe ORDER BY s.final_ema NULLS LAST) AS place
+SELECT r.recipe_path, r.run_id, s.final_ema, s.best_loss, s.steps,
+       rank() OVER (PARTITION BY r.recipe_path ORDER BY s.final_ema NULLS LAST) AS place
   FROM runs r, LATERAL run_summary(r.run_id, 0.1) s
- ORDER BY r.recipe, place, r.run_id;
+ ORDER BY r.recipe_path, place, r.run_id;
