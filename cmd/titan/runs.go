@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -23,7 +24,12 @@ Every titan train records its run (metrics.enable_db, on by default): the
 resolved recipe, host, titan version, layout, status and every logged step.
 The store is --db when given, else $TITAN_DB, else the user's default file
 (` + defaultStoreHelp() + `); a recipe names its own with metrics.db. It is a
-SQLite file, or PostgreSQL with a postgres:// URL.`,
+SQLite file, or PostgreSQL with a postgres:// URL.
+
+A run's status is running, finished, failed (with the error) or interrupted.
+A run whose recording process was killed (SIGKILL, out of memory) cannot
+record its end: these commands show it interrupted, with the reason, once
+its process is gone from this host or no heartbeat came for ` + runstore.StaleAfter.String() + `.`,
 		Example: `  titan runs list
   titan runs show 20261201-102653-3fa9
   titan runs show 20261201-1026 --recipe > again.toml
@@ -40,8 +46,14 @@ SQLite file, or PostgreSQL with a postgres:// URL.`,
 		if err != nil {
 			return nil, "", err
 		}
-		s, err = runstore.OpenExisting(ctx, target)
-		return s, target, err
+		if s, err = runstore.OpenExisting(ctx, target); err != nil {
+			return nil, target, err
+		}
+		host, _ := os.Hostname()
+		if _, err := s.Reconcile(ctx, host, time.Now(), runstore.StaleAfter); err != nil {
+			fmt.Fprintf(os.Stderr, "titan: checking the running runs' processes in %s: %v\n", runstore.Redact(target), err)
+		}
+		return s, target, nil
 	}
 
 	var limit int

@@ -1,13 +1,20 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/titan-go/titan/internal/config"
+	"github.com/titan-go/titan/internal/runstore"
 )
 
 // TestRunsCommands: two recorded runs through titan runs list (table and
@@ -122,5 +129,57 @@ func TestRunsCommands(t *testing.T) {
 	}
 	if _, err := os.Stat(empty); err == nil {
 		t.Error("runs list created the store")
+	}
+}
+
+// TestKilledRunIsInterrupted: a run killed with SIGKILL cannot record its
+// end; titan runs shows it interrupted, naming the process that is gone,
+// instead of running for ever.
+func TestKilledRunIsInterrupted(t *testing.T) {
+	data := corpus(t)
+	db := filepath.Join(t.TempDir(), "runs.db")
+	args := append(keysBase(t.TempDir(), data), "--set", "metrics.db="+db, "--set", "training.steps=100000")
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "TITANTEST_RUN_MAIN=1")
+	var log bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	ctx := context.Background()
+	var id string
+	for deadline := time.Now().Add(2 * time.Minute); id == "" && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		s, err := runstore.OpenExisting(ctx, db)
+		if err != nil {
+			continue
+		}
+		runs, err := s.List(ctx, 1)
+		s.Close()
+		if err == nil && len(runs) == 1 && runs[0].Steps >= 2 {
+			id = runs[0].ID
+		}
+	}
+	if id == "" {
+		t.Fatalf("no run with 2 steps recorded:\n%s", log.String())
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	out, err := titan(t, "runs", "show", id, "--json", "--db", db)
+	if err != nil {
+		t.Fatalf("runs show: %v\n%s", err, out)
+	}
+	var shown struct {
+		Run runstore.Run `json:"run"`
+	}
+	if err := json.Unmarshal([]byte(strings.SplitN(out, "\n", 2)[0]), &shown); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	r := shown.Run
+	want := fmt.Sprintf("pid %d on ", cmd.Process.Pid)
+	if r.Status != runstore.Interrupted || !strings.Contains(r.Error, want) || !strings.Contains(r.Error, "is gone") || r.EndedAt == nil {
+		t.Errorf("killed run: status %s, error %q, ended %v; want interrupted naming %q", r.Status, r.Error, r.EndedAt, want)
 	}
 }

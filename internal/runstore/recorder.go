@@ -39,6 +39,9 @@ type Options struct {
 	// OpTimeout bounds one attempt: opening the store or one write
 	// (10 s).
 	OpTimeout time.Duration
+	// Heartbeat is how often the run's heartbeat is recorded (30 s; see
+	// Store.Reconcile).
+	Heartbeat time.Duration
 }
 
 func (o *Options) defaults() {
@@ -58,6 +61,7 @@ func (o *Options) defaults() {
 	defd(&o.RetryMin, 250*time.Millisecond)
 	defd(&o.RetryMax, 30*time.Second)
 	defd(&o.OpTimeout, 10*time.Second)
+	defd(&o.Heartbeat, 30*time.Second)
 }
 
 // Recorder writes one run to a store from a background goroutine, so that
@@ -247,6 +251,7 @@ func (r *Recorder) loop() {
 	}
 	tick := time.NewTicker(r.opt.Interval)
 	defer tick.Stop()
+	lastBeat := time.Now()
 	for {
 		select {
 		case ev := <-r.ch:
@@ -254,7 +259,12 @@ func (r *Recorder) loop() {
 			if len(w.pending) >= r.opt.Batch {
 				w.flush(false, time.Time{})
 			}
-		case <-tick.C:
+		case now := <-tick.C:
+			if now.Sub(lastBeat) >= r.opt.Heartbeat {
+				lastBeat = now
+				at := now.UTC()
+				w.pending = append(w.pending, event{Kind: "beat", RunID: r.id, At: &at})
+			}
 			w.flush(false, time.Time{})
 		case req := <-r.closeCh:
 			for drained := false; !drained; {

@@ -100,6 +100,20 @@ var migrations = []migration{
 )`,
 		},
 	},
+	{
+		// Version 2: the recording process (pid on host) and its last
+		// heartbeat, so that a run whose process was killed without
+		// recording its end is shown interrupted (Store.Reconcile).
+		version: 2,
+		sqlite: []string{
+			`ALTER TABLE runs ADD COLUMN pid INTEGER`,
+			`ALTER TABLE runs ADD COLUMN heartbeat_at TEXT`,
+		},
+		postgres: []string{
+			`ALTER TABLE runs ADD COLUMN pid bigint`,
+			`ALTER TABLE runs ADD COLUMN heartbeat_at timestamptz`,
+		},
+	},
 }
 
 // SchemaVersion is the schema version this titan writes: the last

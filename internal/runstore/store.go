@@ -88,6 +88,10 @@ type Run struct {
 	Status    Status     `json:"status"`
 	// Error is the error text of a failed run.
 	Error string `json:"error,omitempty"`
+	// PID is the recording process (rank 0) on Host; Heartbeat the last
+	// time it was known to be alive (see Store.Reconcile).
+	PID       int        `json:"pid,omitempty"`
+	Heartbeat *time.Time `json:"heartbeat_at,omitempty"`
 }
 
 // NewID returns a new run ID for a run started at t.
@@ -270,11 +274,13 @@ func scanTime(v any) (*time.Time, error) {
 // An event is one thing the recorder writes: a run's start, one logged
 // step, or its end. It is also the spool's line format.
 type event struct {
-	Kind  string          `json:"kind"` // "run", "step" or "end"
+	Kind  string          `json:"kind"` // "run", "step", "beat" or "end"
 	RunID string          `json:"run_id"`
 	Run   *Run            `json:"run,omitempty"`
 	Step  *metrics.Record `json:"step,omitempty"`
 	End   *runEnd         `json:"end,omitempty"`
+	// At is a heartbeat's time.
+	At *time.Time `json:"at,omitempty"`
 }
 
 // runEnd is how a run ended.
@@ -362,6 +368,17 @@ func (s *Store) apply(ctx context.Context, evs []event) (err error) {
 			if err := s.insertRun(ctx, tx, ev.Run); err != nil {
 				return err
 			}
+		case "beat":
+			if ev.At == nil {
+				return fmt.Errorf("heartbeat of run %s without a time", ev.RunID)
+			}
+			// A run Reconcile took for interrupted is alive after all
+			// (its store was unreachable): it runs again.
+			if _, err := tx.ExecContext(ctx, s.q(`UPDATE runs SET heartbeat_at = ?, status = 'running', error = NULL, ended_at = NULL
+WHERE run_id = ? AND (status = 'running' OR (status = 'interrupted' AND error LIKE ?))`),
+				s.timeArg(*ev.At), ev.RunID, reconciledPrefix+"%"); err != nil {
+				return fmt.Errorf("heartbeat of run %s: %w", ev.RunID, err)
+			}
 		case "end":
 			if ev.End == nil {
 				return fmt.Errorf("end event of run %s without an end", ev.RunID)
@@ -390,11 +407,16 @@ func (s *Store) insertRun(ctx context.Context, tx *sql.Tx, r *Run) error {
 	if r.EndedAt != nil {
 		ended = s.timeArg(*r.EndedAt)
 	}
+	var pid any
+	if r.PID > 0 {
+		pid = r.PID
+	}
 	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO runs (run_id, recipe_path, model, flavor, layout, world, host, titan_version,
-	description, dump_folder, steps_planned, tokens_per_step, recipe, started_at, ended_at, status, error)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO NOTHING`),
+	description, dump_folder, steps_planned, tokens_per_step, recipe, started_at, ended_at, status, error, pid, heartbeat_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO NOTHING`),
 		r.ID, r.RecipePath, r.Model, r.Flavor, r.Layout, r.World, r.Host, r.Version,
-		r.Description, r.DumpFolder, r.StepsPlanned, r.TokensPerStep, r.Recipe, s.timeArg(r.StartedAt), ended, string(status), nullString(r.Error))
+		r.Description, r.DumpFolder, r.StepsPlanned, r.TokensPerStep, r.Recipe, s.timeArg(r.StartedAt), ended, string(status), nullString(r.Error),
+		pid, s.timeArg(r.StartedAt))
 	if err != nil {
 		return fmt.Errorf("run %s: %w", r.ID, err)
 	}
@@ -440,18 +462,21 @@ func nullString(s string) any {
 
 // runCols are the runs table's columns as scanRun reads them.
 const runCols = `r.run_id, r.recipe_path, r.model, r.flavor, r.layout, r.world, r.host, r.titan_version,
-	r.description, r.dump_folder, r.steps_planned, r.tokens_per_step, r.started_at, r.ended_at, r.status, r.error`
+	r.description, r.dump_folder, r.steps_planned, r.tokens_per_step, r.started_at, r.ended_at, r.status, r.error,
+	r.pid, r.heartbeat_at`
 
 type scanner interface{ Scan(dest ...any) error }
 
 // scanRun reads runCols (without the recipe) followed by extra.
 func scanRun(sc scanner, extra ...any) (Run, error) {
 	var r Run
-	var started, ended any
+	var started, ended, beat any
 	var errText sql.NullString
+	var pid sql.NullInt64
 	var status string
 	dest := append([]any{&r.ID, &r.RecipePath, &r.Model, &r.Flavor, &r.Layout, &r.World, &r.Host, &r.Version,
-		&r.Description, &r.DumpFolder, &r.StepsPlanned, &r.TokensPerStep, &started, &ended, &status, &errText}, extra...)
+		&r.Description, &r.DumpFolder, &r.StepsPlanned, &r.TokensPerStep, &started, &ended, &status, &errText,
+		&pid, &beat}, extra...)
 	if err := sc.Scan(dest...); err != nil {
 		return r, err
 	}
@@ -465,7 +490,10 @@ func scanRun(sc scanner, extra ...any) (Run, error) {
 	if r.EndedAt, err = scanTime(ended); err != nil {
 		return r, fmt.Errorf("run %s ended_at: %w", r.ID, err)
 	}
-	r.Status, r.Error = Status(status), errText.String
+	if r.Heartbeat, err = scanTime(beat); err != nil {
+		return r, fmt.Errorf("run %s heartbeat_at: %w", r.ID, err)
+	}
+	r.Status, r.Error, r.PID = Status(status), errText.String, int(pid.Int64)
 	return r, nil
 }
 

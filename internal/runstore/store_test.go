@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net/url"
+	"os/exec"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -152,7 +153,7 @@ func TestStoreRoundTrip(t *testing.T) {
 				t.Fatal(err)
 			}
 			want := r
-			want.Status, want.Error, want.EndedAt = Failed, "step 3: boom", &end
+			want.Status, want.Error, want.EndedAt, want.Heartbeat = Failed, "step 3: boom", &end, &start // the start is the first heartbeat
 			if !reflect.DeepEqual(got, want) {
 				t.Errorf("Get:\n got %+v\nwant %+v", got, want)
 			}
@@ -465,4 +466,76 @@ func BenchmarkStoreAggregate(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestReconcile: a running run whose process on this host is gone, and one
+// without a heartbeat for longer than StaleAfter (another host), are marked
+// interrupted with the reason; a live run and a finished one are left as
+// they are; a late heartbeat revives a run taken for dead.
+func TestReconcile(t *testing.T) {
+	dead := exec.Command(os.Args[0], "-test.run=^$")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := ctxT(t)
+			s := openT(t, b.fresh(t))
+			killed := testRun("killed", now.Add(-time.Minute))
+			killed.Host, killed.PID = "here", dead.Process.Pid
+			silent := testRun("silent", now.Add(-time.Hour))
+			silent.Host, silent.PID = "elsewhere", 1234
+			live := testRun("live", now.Add(-time.Hour))
+			live.Host, live.PID = "here", os.Getpid()
+			done := testRun("done", now.Add(-time.Hour))
+			done.Host, done.PID = "here", dead.Process.Pid
+			for _, r := range []Run{killed, silent, live, done} {
+				if err := s.PutRun(ctx, r); err != nil {
+					t.Fatal(err)
+				}
+			}
+			beat := now.Add(-time.Minute)
+			if err := s.apply(ctx, []event{{Kind: "beat", RunID: "live", At: &beat}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.EndRun(ctx, "done", Finished, "", now.Add(-30*time.Minute)); err != nil {
+				t.Fatal(err)
+			}
+			n, err := s.Reconcile(ctx, "here", now, StaleAfter)
+			if err != nil || n != 2 {
+				t.Fatalf("Reconcile marked %d (%v), want 2", n, err)
+			}
+			for id, want := range map[string]struct {
+				status Status
+				reason string
+			}{
+				"killed": {Interrupted, fmt.Sprintf("(pid %d on here) is gone", dead.Process.Pid)},
+				"silent": {Interrupted, "no heartbeat from the recording process (pid 1234 on elsewhere) since"},
+				"live":   {Running, ""},
+				"done":   {Finished, ""},
+			} {
+				r, err := s.Get(ctx, id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.Status != want.status || !strings.Contains(r.Error, want.reason) || (want.reason == "") != (r.Error == "") {
+					t.Errorf("%s: status %s, error %q; want %s with %q", id, r.Status, r.Error, want.status, want.reason)
+				}
+				if id == "killed" && (r.EndedAt == nil || r.EndedAt.Sub(killed.StartedAt).Abs() > time.Millisecond) {
+					t.Errorf("killed: ended_at %v, want its last heartbeat %v", r.EndedAt, killed.StartedAt)
+				}
+			}
+			late := now
+			if err := s.apply(ctx, []event{{Kind: "beat", RunID: "silent", At: &late}}); err != nil {
+				t.Fatal(err)
+			}
+			if r, _ := s.Get(ctx, "silent"); r.Status != Running || r.Error != "" || r.EndedAt != nil || r.Heartbeat == nil {
+				t.Errorf("after a late heartbeat: %+v", r)
+			}
+			if n, err := s.Reconcile(ctx, "here", now, StaleAfter); err != nil || n != 0 {
+				t.Errorf("second Reconcile marked %d (%v), want 0", n, err)
+			}
+		})
+	}
 }

@@ -44,7 +44,7 @@ func (tr *Trainer) startRecording() {
 		Layout: tr.mesh.String(), World: tr.dist.World, Host: host, Version: version.String(),
 		Description: job.Job.Description, DumpFolder: dump, StepsPlanned: job.Training.Steps,
 		TokensPerStep: int64(tr.accum * job.Training.LocalBatchSize * job.Training.SeqLen * tr.dataRanks()),
-		Recipe:        recipe, StartedAt: start,
+		Recipe:        recipe, StartedAt: start, PID: os.Getpid(),
 	}
 	spool := ""
 	if job.Job.DumpFolder != "" {
