@@ -179,8 +179,8 @@ func (c *Client) ping(ctx context.Context, timeout time.Duration) error {
 		// A failed TLS handshake is a configuration error; retrying cannot
 		// fix it.
 		if strings.Contains(msg, "authentication handshake failed") || strings.Contains(msg, "tls:") {
-			if strings.Contains(msg, ErrNotJobServer.Error()) {
-				return fmt.Errorf("control: dial %s: TLS handshake failed: %w: %s", c.endpoint, ErrNotJobServer, msg)
+			if _, why, ok := strings.Cut(msg, ErrNotJobServer.Error()); ok {
+				return fmt.Errorf("control: dial %s: TLS handshake failed: %w%s", c.endpoint, ErrNotJobServer, strings.TrimRight(why, `"`))
 			}
 			return fmt.Errorf("control: dial %s: TLS handshake failed: %s", c.endpoint, msg)
 		}
