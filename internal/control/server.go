@@ -150,23 +150,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		return nil, fmt.Errorf("control: listen on %s: %w", cfg.Addr, err)
 	}
 
-	s := &Server{
-		cfg:        cfg,
-		lis:        lis,
-		secretHash: sha256.Sum256([]byte(cfg.Secret)),
-		jobHash:    sha256.Sum256([]byte(cfg.JobID)),
-		stopped:    make(chan struct{}),
-		members:    make(map[int]*Member),
-		joined:     make(chan struct{}),
-		kv:         make(map[string][]byte),
-		keyWait:    make(map[string]chan struct{}),
-		barriers:   make(map[string]*barrier),
-		lastBeat:   make(map[int]time.Time),
-		lost:       make(map[int]bool),
-		exited:     make(map[int]bool),
-		evNotify:   make(chan struct{}, 1),
-		events:     make(chan Event, 64),
-	}
+	s := newServer(cfg)
+	s.lis = lis
 	opts := []grpc.ServerOption{
 		grpc.UnaryInterceptor(s.unaryAuth),
 		grpc.StreamInterceptor(s.streamAuth),
@@ -187,6 +172,27 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	go s.pumpEvents()
 	go s.monitorHeartbeats()
 	return s, nil
+}
+
+// newServer returns the state of a server for a validated cfg, without a
+// listener, gRPC server or background goroutines.
+func newServer(cfg ServerConfig) *Server {
+	return &Server{
+		cfg:        cfg,
+		secretHash: sha256.Sum256([]byte(cfg.Secret)),
+		jobHash:    sha256.Sum256([]byte(cfg.JobID)),
+		stopped:    make(chan struct{}),
+		members:    make(map[int]*Member),
+		joined:     make(chan struct{}),
+		kv:         make(map[string][]byte),
+		keyWait:    make(map[string]chan struct{}),
+		barriers:   make(map[string]*barrier),
+		lastBeat:   make(map[int]time.Time),
+		lost:       make(map[int]bool),
+		exited:     make(map[int]bool),
+		evNotify:   make(chan struct{}, 1),
+		events:     make(chan Event, 64),
+	}
 }
 
 // isLoopbackHost reports whether a listen host refers to the loopback
