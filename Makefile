@@ -7,7 +7,7 @@ PKGS    := ./...
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null)
 LDFLAGS := $(if $(VERSION),-X github.com/titan-go/titan/internal/version.Version=$(VERSION))
 
-.PHONY: all build train test test-race bench bench-gemm bench-step bench-comm bench-generate bench-aggify lint fmt vet clean golden
+.PHONY: all build train test test-race fuzz bench bench-gemm bench-step bench-comm bench-generate bench-aggify lint fmt vet clean golden
 
 all: build
 
@@ -27,6 +27,19 @@ test:
 ## test-race: the suite under the race detector (slower).
 test-race:
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
+
+## fuzz: every Go fuzz target of the repository, one after the other, each
+## for FUZZTIME (their seed corpora also run in `make test`); new inputs are
+## minimized for at most FUZZMINTIME (the default 60 s stalls slow targets).
+FUZZTIME ?= 30s
+FUZZMINTIME ?= 5s
+fuzz:
+	@set -e; for f in $$(git ls-files '*_test.go' | xargs grep -l '^func Fuzz'); do \
+		for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+			echo "== ./$$(dirname $$f) $$t ($(FUZZTIME))"; \
+			$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINTIME) ./$$(dirname $$f); \
+		done; \
+	done
 
 ## bench: Go micro-benchmarks of the compute core.
 bench:

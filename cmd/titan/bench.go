@@ -140,7 +140,7 @@ all_to_all).`,
 			err = lf.distributed(cmd.Context(), os.Stderr, commSettings{Timeout: 5 * time.Minute}, func(w *launch.Worker) error {
 				g := w.World
 				if transport != "auto" && transport != g.Transport() {
-					sub, err := comm.NewWorld(cmd.Context(), w.Control, w.Rank, w.WorldSize, comm.Options{Transport: transport, StorePrefix: "bench-" + transport})
+					sub, err := comm.NewWorld(cmd.Context(), w.Control, w.Rank, w.WorldSize, comm.Options{Transport: transport, StorePrefix: "bench-" + transport, Secret: w.Spec.Secret})
 					if err != nil {
 						return err
 					}

@@ -23,6 +23,7 @@ func (l *launchFlags) register(cmd *cobra.Command) {
 	fs.IntVar(&l.f.NNodes, "nnodes", 0, "number of nodes (one launcher per node)")
 	fs.IntVar(&l.f.NodeRank, "node-rank", 0, "this node's index in [0, nnodes)")
 	fs.StringVar(&l.f.RdzvEndpoint, "rdzv-endpoint", "", "host:port of the control server that node 0 hosts")
+	fs.StringVar(&l.f.SecretFile, "rdzv-secret-file", "", "file holding the job secret (mode 0600; also "+launch.EnvSecretFile+"); node 0 of several generates one when no secret is given")
 }
 
 // commandArgs are the arguments titan was started with; workers are

@@ -140,15 +140,21 @@ func TestTwoNodesOnLoopback(t *testing.T) {
 	endpoint := l.Addr().String()
 	l.Close()
 	exe, _ := os.Executable()
+	const secret = "loopback-test-secret-0123456789"
+	secretFile := filepath.Join(t.TempDir(), "job.secret")
+	if err := os.WriteFile(secretFile, []byte(secret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	var cmds []*exec.Cmd
 	outs := make([]*bytes.Buffer, 2)
 	for node := 0; node < 2; node++ {
 		args := append(tinyRun(two, data, 4), "--set", "training.local_batch_size=1",
-			"--nnodes", "2", "--node-rank", strconv.Itoa(node), "--rdzv-endpoint", endpoint, "--nproc", "1")
+			"--nnodes", "2", "--node-rank", strconv.Itoa(node), "--rdzv-endpoint", endpoint, "--nproc", "1",
+			"--rdzv-secret-file", secretFile)
 		cmd := exec.Command(exe, args...)
 		outs[node] = &bytes.Buffer{}
 		cmd.Stdout, cmd.Stderr = outs[node], outs[node]
-		cmd.Env = append(os.Environ(), "TITANTEST_RUN_MAIN=1", "TITANRUN_SECRET=loopback-test-secret")
+		cmd.Env = append(os.Environ(), "TITANTEST_RUN_MAIN=1")
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -157,6 +163,9 @@ func TestTwoNodesOnLoopback(t *testing.T) {
 	for node, cmd := range cmds {
 		if err := cmd.Wait(); err != nil {
 			t.Fatalf("node %d: %v\n%s", node, err, outs[node])
+		}
+		if strings.Contains(outs[node].String(), secret) {
+			t.Errorf("node %d's output shows the job secret:\n%s", node, outs[node])
 		}
 	}
 	a, b := losses(t, one), losses(t, two)

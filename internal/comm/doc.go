@@ -52,6 +52,20 @@
 // sleeps). Both keep a control connection per pair of members, whose loss
 // tells that a peer died.
 //
+// # Authentication
+//
+// Every TCP connection between two members starts with a mutual
+// challenge-response: both ends prove, with HMAC-SHA256 under a key
+// derived from Options.Secret (the job secret) and the world's id (fresh
+// for every NewWorld), that they hold the secret of this very world,
+// before anything else crosses the connection. A peer without it, or with
+// the key of an earlier world, is closed out; the dialer of such a peer
+// fails with an error matching ErrAuth, and the acceptor's error, should
+// the expected connection then never come, counts the refused ones. The
+// bytes that follow the handshake are neither encrypted nor authenticated.
+// Shared-memory segments are files of the user (mode 0600), agreed over
+// the authenticated control connections.
+//
 // # Failures
 //
 // Every operation has a timeout (Options.Timeout, 100 s by default). A

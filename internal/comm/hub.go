@@ -43,10 +43,13 @@ type hub struct {
 	opts   Options
 	ln     net.Listener
 	nonce  [16]byte
+	key    []byte // the world key of the data-plane authentication
 	rank   int
 	size   int
 	infos  []rankInfo
 	flight *flight
+
+	refused refusals
 
 	mu      sync.Mutex
 	closed  bool
@@ -105,6 +108,7 @@ func NewWorld(ctx context.Context, store Store, rank, size int, opts Options) (G
 			return nil, fmt.Errorf("comm: bad world id %q in store key %s/nonce", v, p)
 		}
 	}
+	h.key = worldKey(opts.Secret, h.nonce)
 	me := rankInfo{Addr: net.JoinHostPort(opts.AdvertiseHost, port), HostID: opts.HostID, PID: pidOf()}
 	b, _ := json.Marshal(me)
 	if err := store.Set(ctx, p+"/rank/"+strconv.Itoa(rank), b); err != nil {
@@ -165,14 +169,18 @@ func (h *hub) acceptLoop() {
 	}
 }
 
+// handshake authenticates an accepted connection (see auth.go) and hands
+// it to the group that waits for it. A connection that fails is closed
+// without a word and counted in h.refused.
 func (h *hub) handshake(c net.Conn) {
-	c.SetReadDeadline(time.Now().Add(30 * time.Second))
-	hl, err := readHello(c)
-	if err != nil || hl.nonce != h.nonce || hl.from < 0 || hl.from >= h.size {
+	c.SetDeadline(time.Now().Add(authTimeout))
+	hl, err := authAccept(c, h.key, h.nonce, h.rank, h.size)
+	if err != nil {
 		c.Close()
+		h.refused.add(c.RemoteAddr(), err)
 		return
 	}
-	c.SetReadDeadline(time.Time{})
+	c.SetDeadline(time.Time{})
 	h.tune(c, hl.kind)
 	key := connKey{hl.group, hl.from, hl.kind, hl.idx}
 	h.mu.Lock()
@@ -231,7 +239,7 @@ func (h *hub) claim(ctx context.Context, key connKey) (net.Conn, error) {
 			c.Close()
 		default:
 		}
-		return nil, ctx.Err()
+		return nil, fmt.Errorf("%w%s", ctx.Err(), h.refused.note())
 	}
 }
 
@@ -242,13 +250,20 @@ func (h *hub) dial(ctx context.Context, to int, key connKey) (net.Conn, error) {
 		c, err := d.DialContext(ctx, "tcp", h.infos[to].Addr)
 		if err == nil {
 			h.tune(c, key.kind)
-			c.SetWriteDeadline(time.Now().Add(10 * time.Second))
-			err = writeHello(c, hello{nonce: h.nonce, group: key.group, from: h.rank, kind: key.kind, idx: key.idx})
-			c.SetWriteDeadline(time.Time{})
+			dl := time.Now().Add(authTimeout)
+			if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+				dl = d
+			}
+			c.SetDeadline(dl)
+			err = authDial(c, h.key, hello{nonce: h.nonce, group: key.group, from: h.rank, kind: key.kind, idx: key.idx}, to)
+			c.SetDeadline(time.Time{})
 			if err == nil {
 				return c, nil
 			}
 			c.Close()
+			if errors.Is(err, ErrAuth) {
+				return nil, err
+			}
 		}
 		if ctx.Err() != nil || !errors.Is(err, syscall.ECONNREFUSED) {
 			return nil, err

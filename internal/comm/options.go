@@ -53,6 +53,16 @@ type Options struct {
 	// a shared-memory segment. The default gives a group's segment about
 	// 48 MiB, with slots between 1 and 8 MiB.
 	ShmSlotBytes int
+	// Secret is the job secret. Every TCP connection of the world and of
+	// its groups starts with a challenge-response in which both ends prove
+	// that they hold it, bound to this world (a fresh id per NewWorld), to
+	// both ranks and to the connection's purpose, before anything else
+	// crosses it (see ErrAuth). Empty: the ends prove knowledge of the
+	// world id alone, which the Store hands to anyone who can read it. The
+	// shared-memory transport needs no proof beyond its control
+	// connections: its segments are files of the user, mapped by ranks on
+	// the same host.
+	Secret string
 	// ShmDir is where shared-memory segments are created (default
 	// /dev/shm). Segments are unlinked as soon as every member mapped
 	// them, so nothing is left behind when processes die.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 )
 
 // Connection kinds of a pair of group members.
@@ -18,12 +17,17 @@ const (
 const (
 	helloMagic = 0x5454434e // "TTCN"
 	hdrMagic   = 0x54544f50 // "TTOP"
-	wireVer    = 1
+	wireVer    = 2
 	hdrSize    = 48
+	// maxGroupKey bounds the group key of a hello, maxMsg the payload of a
+	// control message: both are checked before anything is allocated.
+	maxGroupKey = 4096
+	maxMsg      = 1 << 20
 )
 
 // hello is the first message on every connection: it names the world
-// (nonce), the group, the dialing rank and the connection's purpose.
+// (nonce), the group, the dialing rank and the connection's purpose, and
+// carries the dialer's challenge of the authentication (see auth.go).
 type hello struct {
 	nonce [16]byte
 	group string
@@ -32,11 +36,14 @@ type hello struct {
 	idx   int
 }
 
-func writeHello(w io.Writer, h hello) error {
-	if len(h.group) > 4096 {
+func writeHello(w io.Writer, h hello, challenge []byte) error {
+	if len(h.group) > maxGroupKey {
 		return fmt.Errorf("comm: group key too long (%d bytes)", len(h.group))
 	}
-	b := make([]byte, 0, 40+len(h.group))
+	if len(challenge) != authNonceSize {
+		return fmt.Errorf("comm: challenge of %d bytes, want %d", len(challenge), authNonceSize)
+	}
+	b := make([]byte, 0, 36+len(h.group)+authNonceSize)
 	b = binary.LittleEndian.AppendUint32(b, helloMagic)
 	b = binary.LittleEndian.AppendUint16(b, wireVer)
 	b = binary.LittleEndian.AppendUint16(b, uint16(h.kind))
@@ -45,36 +52,38 @@ func writeHello(w io.Writer, h hello) error {
 	b = binary.LittleEndian.AppendUint32(b, uint32(h.idx))
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(h.group)))
 	b = append(b, h.group...)
+	b = append(b, challenge...)
 	_, err := w.Write(b)
 	return err
 }
 
-func readHello(r io.Reader) (hello, error) {
+// readHello reads a hello and the dialer's challenge.
+func readHello(r io.Reader) (hello, []byte, error) {
 	var b [36]byte
 	var h hello
 	if _, err := io.ReadFull(r, b[:]); err != nil {
-		return h, err
+		return h, nil, err
 	}
 	if binary.LittleEndian.Uint32(b[0:]) != helloMagic {
-		return h, errors.New("not a titan comm connection (bad magic)")
+		return h, nil, errors.New("not a titan comm connection (bad magic)")
 	}
 	if v := binary.LittleEndian.Uint16(b[4:]); v != wireVer {
-		return h, fmt.Errorf("wire version %d, want %d", v, wireVer)
+		return h, nil, fmt.Errorf("wire version %d, want %d", v, wireVer)
 	}
 	h.kind = int(binary.LittleEndian.Uint16(b[6:]))
 	copy(h.nonce[:], b[8:24])
 	h.from = int(binary.LittleEndian.Uint32(b[24:]))
 	h.idx = int(binary.LittleEndian.Uint32(b[28:]))
 	n := binary.LittleEndian.Uint32(b[32:])
-	if n > 4096 {
-		return h, fmt.Errorf("group key of %d bytes", n)
+	if n > maxGroupKey {
+		return h, nil, fmt.Errorf("group key of %d bytes (at most %d)", n, maxGroupKey)
 	}
-	key := make([]byte, n)
-	if _, err := io.ReadFull(r, key); err != nil {
-		return h, err
+	rest := make([]byte, int(n)+authNonceSize)
+	if _, err := io.ReadFull(r, rest); err != nil {
+		return h, nil, err
 	}
-	h.group = string(key)
-	return h, nil
+	h.group = string(rest[:n])
+	return h, rest[n:], nil
 }
 
 // Control messages.
@@ -86,7 +95,10 @@ const (
 	msgBye     = 5 // payload: empty
 )
 
-func writeMsg(c net.Conn, typ byte, payload []byte) error {
+func writeMsg(c io.Writer, typ byte, payload []byte) error {
+	if len(payload) > maxMsg {
+		return fmt.Errorf("comm: control message of %d bytes (at most %d)", len(payload), maxMsg)
+	}
 	b := make([]byte, 5+len(payload))
 	b[0] = typ
 	binary.LittleEndian.PutUint32(b[1:], uint32(len(payload)))
@@ -95,14 +107,14 @@ func writeMsg(c net.Conn, typ byte, payload []byte) error {
 	return err
 }
 
-func readMsg(c net.Conn) (byte, []byte, error) {
+func readMsg(c io.Reader) (byte, []byte, error) {
 	var h [5]byte
 	if _, err := io.ReadFull(c, h[:]); err != nil {
 		return 0, nil, err
 	}
 	n := binary.LittleEndian.Uint32(h[1:])
-	if n > 1<<20 {
-		return 0, nil, fmt.Errorf("control message of %d bytes", n)
+	if n > maxMsg {
+		return 0, nil, fmt.Errorf("control message of %d bytes (at most %d)", n, maxMsg)
 	}
 	p := make([]byte, n)
 	if _, err := io.ReadFull(c, p); err != nil {
@@ -135,7 +147,7 @@ func (h opHeader) marshal(b []byte) {
 }
 
 func unmarshalHeader(b []byte) (opHeader, error) {
-	if binary.LittleEndian.Uint32(b) != hdrMagic {
+	if len(b) < hdrSize || binary.LittleEndian.Uint32(b) != hdrMagic {
 		return opHeader{}, errors.New("stream out of sync (bad operation header)")
 	}
 	return opHeader{

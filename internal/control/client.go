@@ -62,7 +62,7 @@ type Client struct {
 }
 
 // Error is the error a Client method returns when the server refuses or
-// fails a call. errors.Is matches ErrWrongSecret, ErrWrongJob,
+// fails a call. errors.Is matches ErrNotAdmitted,
 // ErrRendezvousComplete, ErrSlotTaken, context.DeadlineExceeded and
 // context.Canceled against the call's status code, and status.Code(err)
 // gives the gRPC code.
@@ -75,6 +75,9 @@ type Error struct {
 
 // Error implements error.
 func (e *Error) Error() string {
+	if e.Code == codes.Unauthenticated {
+		return fmt.Sprintf("control: %s at %s: %s (%s): the job id or the job secret this process presents is not the job's", e.Op, e.Endpoint, e.Message, e.Code)
+	}
 	return fmt.Sprintf("control: %s at %s: %s (%s)", e.Op, e.Endpoint, e.Message, e.Code)
 }
 
@@ -85,10 +88,8 @@ func (e *Error) GRPCStatus() *status.Status { return status.New(e.Code, e.Messag
 // or a context error.
 func (e *Error) Is(target error) bool {
 	switch target {
-	case ErrWrongSecret:
+	case ErrNotAdmitted:
 		return e.Code == codes.Unauthenticated
-	case ErrWrongJob:
-		return e.Code == codes.PermissionDenied
 	case ErrRendezvousComplete:
 		return e.Code == codes.FailedPrecondition && e.Op == "join"
 	case ErrSlotTaken:
@@ -116,7 +117,9 @@ func (c *Client) wrap(op string, err error) error {
 // and secret with a first call. While the server is not reachable (workers
 // often start before it listens) Dial retries until cfg.Timeout or ctx ends,
 // then fails with an error naming the endpoint and the last connection
-// error. A refused secret or job id fails at once.
+// error. A refused secret or job id fails at once, and so does a TLS
+// handshake that fails (with JobTLS: a server that does not hold the job's
+// secret, matched by ErrNotJobServer).
 func Dial(ctx context.Context, cfg DialConfig) (*Client, error) {
 	if _, _, err := net.SplitHostPort(cfg.Endpoint); err != nil {
 		return nil, fmt.Errorf("control: endpoint %q: %w", cfg.Endpoint, err)
@@ -176,6 +179,9 @@ func (c *Client) ping(ctx context.Context, timeout time.Duration) error {
 		// A failed TLS handshake is a configuration error; retrying cannot
 		// fix it.
 		if strings.Contains(msg, "authentication handshake failed") || strings.Contains(msg, "tls:") {
+			if _, why, ok := strings.Cut(msg, ErrNotJobServer.Error()); ok {
+				return fmt.Errorf("control: dial %s: TLS handshake failed: %w%s", c.endpoint, ErrNotJobServer, strings.TrimRight(why, `"`))
+			}
 			return fmt.Errorf("control: dial %s: TLS handshake failed: %s", c.endpoint, msg)
 		}
 		if code == codes.Unavailable || last == nil {

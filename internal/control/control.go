@@ -10,12 +10,16 @@
 // The launcher reads Server.Events to learn about workers that exited or
 // stopped sending heartbeats, and stops the job.
 //
-// Security: the server listens on loopback unless told otherwise. A server
-// listening on any other address requires a non-empty job secret, which every
-// call must present in the gRPC metadata key "titan-secret" (compared in
-// constant time). TLS, optionally mutual, is available through ServerConfig.TLS
-// and DialConfig.TLS; LoadServerTLS and LoadClientTLS build those configs from
-// PEM files.
+// Security: every call presents the job id and the job secret in the gRPC
+// metadata keys "titan-job-id" and "titan-secret"; both are compared in
+// constant time, and a call with either wrong gets the same refusal
+// (Unauthenticated, "not admitted"), which names neither. The server listens
+// on loopback unless told otherwise; on any other address it requires a
+// non-empty secret and TLS (unless ServerConfig.Insecure). JobTLS derives the
+// TLS configurations of both sides from the job secret (a per-job Ed25519
+// certificate that clients pin), so that no certificate authority is needed;
+// LoadServerTLS and LoadClientTLS build them from PEM files instead,
+// optionally with mutual TLS.
 package control
 
 import (
@@ -24,6 +28,10 @@ import (
 	"errors"
 	"fmt"
 )
+
+// NotAdmitted is the message of every refused call (gRPC code
+// Unauthenticated), whatever was wrong with its job id or secret.
+const NotAdmitted = "not admitted"
 
 // Metadata keys carried by every call.
 const (
@@ -91,10 +99,10 @@ type Member struct {
 // Errors that callers may test for with errors.Is on errors returned by a
 // Client.
 var (
-	// ErrWrongSecret: the server refused the job secret.
-	ErrWrongSecret = errors.New("wrong job secret")
-	// ErrWrongJob: the server runs a different job.
-	ErrWrongJob = errors.New("wrong job id")
+	// ErrNotAdmitted: the server refused the job id or the job secret the
+	// client presented. The server does not say which, nor what it
+	// expected.
+	ErrNotAdmitted = errors.New(NotAdmitted)
 	// ErrRendezvousComplete: Join was called after the world was complete.
 	ErrRendezvousComplete = errors.New("rendezvous already complete")
 	// ErrSlotTaken: another worker already joined with the same node rank

@@ -51,7 +51,9 @@ type ServerConfig struct {
 	// WorldSize is the number of workers that make up the job.
 	WorldSize int
 	// TLS, if non-nil, makes the server speak TLS with this configuration
-	// (see LoadServerTLS). It must hold a certificate.
+	// (see JobTLS and LoadServerTLS). It must hold a certificate. It may
+	// only be nil when the server listens on a loopback address, or when
+	// Insecure is set.
 	TLS *tls.Config
 	// HeartbeatTimeout is how long a rank that has sent heartbeats may stay
 	// silent before it is declared lost (default DefaultHeartbeatTimeout).
@@ -60,8 +62,9 @@ type ServerConfig struct {
 	// the EventLost it produces. Detection takes between HeartbeatTimeout
 	// and HeartbeatTimeout plus min(HeartbeatTimeout/4, 1s).
 	HeartbeatTimeout time.Duration
-	// Insecure allows an empty Secret on a non-loopback listen address. Only
-	// for networks where every host that can reach the port is trusted.
+	// Insecure allows an empty Secret and plain text (TLS nil) on a
+	// non-loopback listen address. Only for networks where every host that
+	// can reach the port is trusted.
 	Insecure bool
 }
 
@@ -72,6 +75,7 @@ type Server struct {
 	lis        net.Listener
 	grpc       *grpc.Server
 	secretHash [sha256.Size]byte
+	jobHash    [sha256.Size]byte
 
 	stopped  chan struct{} // closed by Stop; releases every blocked call
 	stopOnce sync.Once
@@ -131,6 +135,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if !isLoopbackHost(host) && cfg.Secret == "" && !cfg.Insecure {
 		return nil, fmt.Errorf("control: listen address %q is not loopback, so a job secret is required (set a secret, e.g. from NewSecret, or listen on 127.0.0.1)", cfg.Addr)
 	}
+	if !isLoopbackHost(host) && cfg.TLS == nil && !cfg.Insecure {
+		return nil, fmt.Errorf("control: listen address %q is not loopback, so the control plane needs TLS (set a TLS configuration, e.g. from JobTLS, or listen on 127.0.0.1)", cfg.Addr)
+	}
 	if cfg.TLS != nil && len(cfg.TLS.Certificates) == 0 && cfg.TLS.GetCertificate == nil && cfg.TLS.GetConfigForClient == nil {
 		return nil, errors.New("control: TLS config has no server certificate")
 	}
@@ -143,22 +150,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		return nil, fmt.Errorf("control: listen on %s: %w", cfg.Addr, err)
 	}
 
-	s := &Server{
-		cfg:        cfg,
-		lis:        lis,
-		secretHash: sha256.Sum256([]byte(cfg.Secret)),
-		stopped:    make(chan struct{}),
-		members:    make(map[int]*Member),
-		joined:     make(chan struct{}),
-		kv:         make(map[string][]byte),
-		keyWait:    make(map[string]chan struct{}),
-		barriers:   make(map[string]*barrier),
-		lastBeat:   make(map[int]time.Time),
-		lost:       make(map[int]bool),
-		exited:     make(map[int]bool),
-		evNotify:   make(chan struct{}, 1),
-		events:     make(chan Event, 64),
-	}
+	s := newServer(cfg)
+	s.lis = lis
 	opts := []grpc.ServerOption{
 		grpc.UnaryInterceptor(s.unaryAuth),
 		grpc.StreamInterceptor(s.streamAuth),
@@ -179,6 +172,27 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	go s.pumpEvents()
 	go s.monitorHeartbeats()
 	return s, nil
+}
+
+// newServer returns the state of a server for a validated cfg, without a
+// listener, gRPC server or background goroutines.
+func newServer(cfg ServerConfig) *Server {
+	return &Server{
+		cfg:        cfg,
+		secretHash: sha256.Sum256([]byte(cfg.Secret)),
+		jobHash:    sha256.Sum256([]byte(cfg.JobID)),
+		stopped:    make(chan struct{}),
+		members:    make(map[int]*Member),
+		joined:     make(chan struct{}),
+		kv:         make(map[string][]byte),
+		keyWait:    make(map[string]chan struct{}),
+		barriers:   make(map[string]*barrier),
+		lastBeat:   make(map[int]time.Time),
+		lost:       make(map[int]bool),
+		exited:     make(map[int]bool),
+		evNotify:   make(chan struct{}, 1),
+		events:     make(chan Event, 64),
+	}
 }
 
 // isLoopbackHost reports whether a listen host refers to the loopback
@@ -346,19 +360,24 @@ func (s *Server) monitorHeartbeats() {
 	}
 }
 
-// authorize checks the job id and the secret carried by a call.
+// authorize checks the job id and the secret carried by a call. Every
+// refusal is the same status, "not admitted", whatever was wrong, and both
+// values are compared in constant time (as SHA-256 digests, so that their
+// lengths do not show either), so that a caller learns neither the job id
+// nor how close its guess came.
 func (s *Server) authorize(ctx context.Context) error {
 	md, _ := metadata.FromIncomingContext(ctx)
-	job := firstValue(md, MetadataJobID)
-	if job != s.cfg.JobID {
-		return status.Errorf(codes.PermissionDenied, "wrong job id: this control server runs job %q, the caller belongs to job %q", s.cfg.JobID, job)
-	}
-	h := sha256.Sum256([]byte(firstValue(md, MetadataSecret)))
-	if subtle.ConstantTimeCompare(h[:], s.secretHash[:]) != 1 {
-		return status.Error(codes.Unauthenticated, "wrong job secret")
+	job := sha256.Sum256([]byte(firstValue(md, MetadataJobID)))
+	secret := sha256.Sum256([]byte(firstValue(md, MetadataSecret)))
+	ok := subtle.ConstantTimeCompare(job[:], s.jobHash[:]) & subtle.ConstantTimeCompare(secret[:], s.secretHash[:])
+	if ok != 1 {
+		return errNotAdmitted
 	}
 	return nil
 }
+
+// errNotAdmitted is the one answer to a call with a wrong job id or secret.
+var errNotAdmitted = status.Error(codes.Unauthenticated, NotAdmitted)
 
 func firstValue(md metadata.MD, key string) string {
 	if v := md.Get(key); len(v) > 0 {

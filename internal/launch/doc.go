@@ -28,27 +28,60 @@
 //
 // # Trust assumptions
 //
-// Every joiner of the control plane presents the job id and the job
-// secret. A one-node launcher listens on loopback only and generates a
-// random secret, so only processes of this machine that can read the
-// workers' environment (the same user, or root) can join. A multi-node
-// launcher listens on all interfaces of its endpoint's port and uses
-// TITANRUN_SECRET when set, or else a random secret that it prints for the
-// other nodes; the secret then guards the job against anyone who can reach
-// the port but has not seen it. Without TLS the secret crosses the network
-// in clear text, so use a trusted network, or set TITANRUN_TLS_CERT and
-// TITANRUN_TLS_KEY (and TITANRUN_TLS_CA for mutual TLS) on every node:
-// Launch and Join then run the control plane over TLS. The data plane
-// (internal/comm) is neither authenticated nor encrypted.
+// The job secret is the one credential of a job. It comes from a file
+// (--rdzv-secret-file PATH or TITANRUN_SECRET_FILE; the file must be
+// readable and writable by its owner only, mode 0600 or 0400, or it is
+// refused with an error naming it) or from TITANRUN_SECRET, at least 16
+// random characters (`openssl rand -hex 16`), one of the three. Without
+// one, a one-node launcher makes up a random secret that only its workers
+// see, and node rank 0 of several writes a random one into a new file
+// readable by the user only ($XDG_RUNTIME_DIR/titan/<job>.secret, else
+// titan/secrets in the user's cache folder) and logs the file's path, never
+// the secret: copy the file to the other nodes and pass it with
+// --rdzv-secret-file. No log line, error message or worker output shows the
+// secret; workers receive it in TITANRUN_SECRET, which only processes of
+// the same user (or root) can read.
+//
+// Control plane. Every call presents the job id and the secret; the
+// server compares both in constant time and refuses a call with either
+// wrong with the same answer (Unauthenticated, "not admitted"), which
+// names neither the job nor the world. titan's control plane always speaks
+// TLS, loopback included: with the user's certificate when
+// TITANRUN_TLS_CERT and TITANRUN_TLS_KEY are set (and TITANRUN_TLS_CA for
+// the CA clients check, which then also asks clients for certificates),
+// else with a per-job certificate derived from the secret and the job id
+// (control.JobTLS: an Ed25519 key from HKDF-SHA256 of the secret) that
+// clients pin. Only a holder of the secret can then serve the job or read
+// its traffic, a client that holds a wrong or stale secret stops at the
+// TLS handshake with an error saying that the server does not hold this
+// job's secret, and the secret never reaches a server that does not hold
+// it. The derived certificate's public key is seen by whoever connects;
+// it reveals nothing of a random secret, which is why a secret must be
+// long and random. (The control package itself also serves plain text on
+// loopback, for tests and tools; off loopback it requires TLS.)
+//
+// Data plane. Every TCP connection between two workers (collective data,
+// point-to-point and control connections of every group) starts with a
+// mutual challenge-response (HMAC-SHA256 under a key derived from the
+// secret and the world's id, a fresh random value of every rendezvous),
+// bound to both ranks and the connection's purpose, before any tensor
+// moves: a process without the secret, or with a stale one from an earlier
+// rendezvous, is closed out, and the worker that dialed a stranger fails
+// with an error naming the peer and the data-plane authentication. The
+// data plane is not encrypted: tensors cross the network in the clear, and
+// a party that can intercept and rewrite traffic between two hosts is not
+// kept out; use a trusted network for that. Shared memory (same host, same
+// user) needs no more: its segments are the user's files (mode 0600),
+// found through the authenticated control connections.
 //
 // Under Slurm, the tasks of a step cannot share a random value before they
-// meet, so unless TITANRUN_SECRET is set (srun passes the submitting
-// environment on, e.g. `TITANRUN_SECRET=$(openssl rand -hex 16) srun ...`)
-// the secret is derived from the job id, the step id and the user id. Any
-// user who can list the cluster's jobs can compute it: a derived secret
-// keeps stray processes of other jobs and steps, and mistakes, out of a
-// job, but is no protection against a hostile user on the cluster network.
-// The same holds for env:// with a loopback MASTER_ADDR, whose secret is
-// derived from the endpoint and user id; with any other MASTER_ADDR,
-// TITANRUN_SECRET is required.
+// meet, so unless a secret is given (srun passes the submitting
+// environment on, e.g. `TITANRUN_SECRET=$(openssl rand -hex 16) srun ...`,
+// or a secret file on a shared file system) the secret is derived from the
+// job id, the step id and the user id. Any user who can list the cluster's
+// jobs can compute it: a derived secret keeps stray processes of other
+// jobs and steps, and mistakes, out of a job, but is no protection against
+// a hostile user on the cluster network. The same holds for env:// with a
+// loopback MASTER_ADDR, whose secret is derived from the endpoint and user
+// id; with any other MASTER_ADDR a secret is required.
 package launch

@@ -166,10 +166,11 @@ func freePort(t *testing.T) int {
 }
 
 // twoNodes runs two launchers as nodes 0 and 1 of one job on loopback, 2
-// workers each. Node 0 generates the secret; node 1 gets it from node 0's
-// output, as a user would copy it.
+// workers each. Node 0 generates the secret into a file and logs its path;
+// node 1 reads that file, as a user would copy it.
 func twoNodes(t *testing.T) (out0, out1 *watchWriter, err0, err1 error) {
 	t.Helper()
+	tempSecretDir(t)
 	endpoint := fmt.Sprint("127.0.0.1:", freePort(t))
 	ctx, cancel := context.WithTimeout(context.Background(), launchTimeout)
 	defer cancel()
@@ -177,22 +178,18 @@ func twoNodes(t *testing.T) (out0, out1 *watchWriter, err0, err1 error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out0 = newWatchWriter(EnvSecret+"=", 1)
+	out0 = newWatchWriter(secretLogLine, 1)
 	out1 = newWatchWriter("", 0)
 	errc0 := make(chan error, 1)
 	go func() { errc0 <- Launch(ctx, spec0, nil, out0) }()
-	select {
-	case <-out0.done:
-	case err := <-errc0:
-		t.Fatalf("node 0 ended before printing the secret: %v\n%s", err, out0)
-	}
-	secret := regexp.MustCompile(EnvSecret + `=([0-9a-f]+)`).FindStringSubmatch(out0.String())[1]
-	spec1, err := Detect([]string{EnvSecret + "=" + secret}, Flags{NProc: 2, NNodes: 2, NodeRank: 1, RdzvEndpoint: endpoint})
+	path := waitSecretPath(t, out0, errc0)
+	spec1, err := Detect(nil, Flags{NProc: 2, NNodes: 2, NodeRank: 1, RdzvEndpoint: endpoint, SecretFile: path})
 	if err != nil {
 		t.Fatal(err)
 	}
 	err1 = Launch(ctx, spec1, nil, out1)
 	err0 = <-errc0
+	checkSecretNotShown(t, spec1.Secret, out0.String(), out1.String())
 	return out0, out1, err0, err1
 }
 
@@ -258,11 +255,11 @@ func TestJoinRejectsWrongSecret(t *testing.T) {
 	env := func(rank int, secret string) []string {
 		return []string{"MASTER_ADDR=127.0.0.1", fmt.Sprint("MASTER_PORT=", port), "WORLD_SIZE=2", fmt.Sprint("RANK=", rank), EnvSecret + "=" + secret}
 	}
-	spec0, err := Detect(env(0, "right"), Flags{})
+	spec0, err := Detect(env(0, "the-right-secret-0123"), Flags{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec1, err := Detect(env(1, "wrong"), Flags{})
+	spec1, err := Detect(env(1, "the-wrong-secret-0123"), Flags{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,8 +275,8 @@ func TestJoinRejectsWrongSecret(t *testing.T) {
 	}()
 	_, err = Join(ctx, spec1)
 	t.Logf("wrong secret: %v", err)
-	if err == nil || !strings.Contains(err.Error(), "secret") {
-		t.Errorf("Join with a wrong secret: %v, want an error about the secret", err)
+	if !errors.Is(err, control.ErrNotJobServer) || strings.Contains(err.Error(), "the-right-secret") {
+		t.Errorf("Join with a wrong secret: %v, want %q, without the secret", err, control.ErrNotJobServer)
 	}
 	jcancel()
 	<-w0err

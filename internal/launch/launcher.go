@@ -171,6 +171,7 @@ func (l *launcher) run(ctx context.Context) error {
 	defer signal.Stop(sigs)
 
 	endpoint, jobID, secret := spec.Endpoint, spec.JobID, spec.Secret
+	var secretPath string // a generated secret's file
 	if jobID == "" {
 		jobID = "titanrun-" + randomHex(8)
 	}
@@ -184,9 +185,19 @@ func (l *launcher) run(ctx context.Context) error {
 		if endpoint != "" {
 			listen = listenAddrFor(endpoint)
 		}
+		spec.Secret, spec.JobID = secret, jobID
 		tlsConf, err := spec.serverTLS()
 		if err != nil {
 			return fmt.Errorf("launch: %w", err)
+		}
+		if spec.NNodes > 1 && generated {
+			// The other nodes need the secret: hand it over in a file
+			// only this user can read, and never print it.
+			path, err := writeSecretFile(jobID, secret)
+			if err != nil {
+				return fmt.Errorf("launch: node rank 0 generated the job secret: %w", err)
+			}
+			secretPath = path
 		}
 		srv, err := control.NewServer(control.ServerConfig{
 			Addr: listen, JobID: jobID, Secret: secret, WorldSize: spec.NProcPerNode * spec.NNodes,
@@ -205,9 +216,9 @@ func (l *launcher) run(ctx context.Context) error {
 			endpoint = srv.Addr()
 		}
 		events = srv.Events()
-		if spec.NNodes > 1 && generated {
-			l.logf("job secret generated; start the launchers of node ranks 1..%d with %s=%s in their environment and --nnodes %d --rdzv-endpoint %s",
-				spec.NNodes-1, EnvSecret, secret, spec.NNodes, endpoint)
+		if secretPath != "" {
+			l.logf("job secret generated into %s (readable by this user only); copy that file (mode 0600) to the other nodes and start the launchers of node ranks 1..%d with --rdzv-secret-file FILE --nnodes %d --rdzv-endpoint %s",
+				secretPath, spec.NNodes-1, spec.NNodes, endpoint)
 		}
 	}
 	threads := spec.Threads
@@ -445,7 +456,7 @@ func workerEnv(base []string, spec Spec, lr int, endpoint, jobID, secret string,
 		if k == "GOMAXPROCS" {
 			userGOMAXPROCS = true
 		}
-		if owned[k] || k == EnvEndpoint || k == EnvSecret || k == EnvJobID || k == EnvThreads ||
+		if owned[k] || k == EnvEndpoint || k == EnvSecret || k == EnvSecretFile || k == EnvJobID || k == EnvThreads ||
 			k == EnvTLSCert || k == EnvTLSKey || k == EnvTLSCA {
 			continue
 		}

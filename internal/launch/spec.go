@@ -77,6 +77,10 @@ type Flags struct {
 	// and MASTER_PORT are set; optional on one node (default: loopback
 	// on a free port).
 	RdzvEndpoint string
+	// SecretFile is --rdzv-secret-file, a file that holds the job secret
+	// (see ReadSecretFile); TITANRUN_SECRET_FILE and TITANRUN_SECRET are
+	// the other ways to give it.
+	SecretFile string
 }
 
 // given reports whether any launcher flag asks for more than one process.
@@ -138,7 +142,9 @@ type Spec struct {
 	// bundle clients verify the server with (the system roots when empty);
 	// with it, the server also requires client certificates signed by it.
 	// The certificate must name the endpoint's host (an IP SAN for an IP).
-	// Launch passes the three to its workers. Empty: no TLS.
+	// Launch passes the three to its workers. Empty: the control plane
+	// speaks TLS with the certificate control.JobTLS derives from the job
+	// secret and job id.
 	TLSCert, TLSKey, TLSCA string
 }
 
@@ -168,12 +174,17 @@ type Spec struct {
 //     launcher per pod) --nnodes must be given, and MASTER_ADDR:MASTER_PORT
 //     is the default --rdzv-endpoint.
 //   - --nproc > 1 or --nnodes > 1: a launcher. Several nodes need
-//     --rdzv-endpoint; nodes other than rank 0 need TITANRUN_SECRET, the
-//     secret node rank 0 printed (or that every node was given).
+//     --rdzv-endpoint; nodes other than rank 0 need the job secret: the
+//     file node rank 0 generated (--rdzv-secret-file), or the secret every
+//     node was given.
 //   - Otherwise standalone.
 //
-// In every mode but standalone, TITANRUN_TLS_CERT, TITANRUN_TLS_KEY and
-// TITANRUN_TLS_CA set up TLS for the control plane (see Spec.TLSCert).
+// The job secret comes from --rdzv-secret-file, TITANRUN_SECRET_FILE or
+// TITANRUN_SECRET (one of them; see ReadSecretFile and the package
+// documentation). In every mode but standalone, TITANRUN_TLS_CERT,
+// TITANRUN_TLS_KEY and TITANRUN_TLS_CA give the control plane the user's
+// certificates instead of the one derived from the secret (see
+// Spec.TLSCert).
 // Inconsistent or incomplete settings are errors naming the variable or
 // flag at fault.
 func Detect(environ []string, flags Flags) (Spec, error) {
@@ -515,7 +526,9 @@ func detectSlurm(env map[string]string, flags Flags) (Spec, error) {
 	if s.JobID == "" {
 		s.JobID = "slurm-" + jobID + "." + stepID
 	}
-	s.Secret = env[EnvSecret]
+	if s.Secret, _, err = userSecret(env, flags.SecretFile); err != nil {
+		return Spec{}, err
+	}
 	if s.Secret == "" {
 		s.Secret = derivedSecret("slurm", jobID, stepID, strconv.Itoa(uid()))
 	}
@@ -636,10 +649,12 @@ func detectEnvRendezvous(env map[string]string, flags Flags) (Spec, bool, error)
 	if s.JobID == "" {
 		s.JobID = "env-" + s.Endpoint
 	}
-	s.Secret = env[EnvSecret]
+	if s.Secret, _, err = userSecret(env, flags.SecretFile); err != nil {
+		return fail(err)
+	}
 	if s.Secret == "" {
 		if !isLoopback(addr) {
-			return fail(fmt.Errorf("%s is not set: workers on several hosts (MASTER_ADDR=%s is not a loopback address) must share a secret; set the same random %s in every worker", EnvSecret, addr, EnvSecret))
+			return fail(fmt.Errorf("no job secret: workers on several hosts (MASTER_ADDR=%s is not a loopback address) must share one; give every worker the same random secret in a file (--rdzv-secret-file or %s) or in %s", addr, EnvSecretFile, EnvSecret))
 		}
 		s.Secret = derivedSecret("env", s.Endpoint, strconv.Itoa(uid()))
 	}
@@ -658,7 +673,10 @@ func detectLauncher(env map[string]string, flags Flags) (Spec, error) {
 		NodeRank:     flags.NodeRank,
 		Endpoint:     flags.RdzvEndpoint,
 		JobID:        env[EnvJobID],
-		Secret:       env[EnvSecret],
+	}
+	var err error
+	if s.Secret, _, err = userSecret(env, flags.SecretFile); err != nil {
+		return Spec{}, err
 	}
 	s.WorldSize = s.NProcPerNode * s.NNodes
 	s.LocalWorldSize = s.NProcPerNode
@@ -677,7 +695,7 @@ func detectLauncher(env map[string]string, flags Flags) (Spec, error) {
 			}
 		}
 		if s.NodeRank > 0 && s.Secret == "" {
-			return Spec{}, fmt.Errorf("--node-rank %d needs the job secret: set %s to the value node rank 0 printed (or give every node the same %s)", s.NodeRank, EnvSecret, EnvSecret)
+			return Spec{}, fmt.Errorf("--node-rank %d needs the job secret: give it the file node rank 0 wrote (its path is in node 0's log) with --rdzv-secret-file, or give every node the same secret (--rdzv-secret-file, %s or %s)", s.NodeRank, EnvSecretFile, EnvSecret)
 		}
 		if s.JobID == "" {
 			// Every node must present the same job id without talking
@@ -685,7 +703,6 @@ func detectLauncher(env map[string]string, flags Flags) (Spec, error) {
 			s.JobID = "titanrun-" + s.Endpoint
 		}
 	}
-	var err error
 	if s.Threads, err = threadShare(env, 0, s.NProcPerNode); err != nil {
 		return Spec{}, err
 	}

@@ -139,6 +139,9 @@ func JoinOptions(ctx context.Context, spec Spec, opts comm.Options) (*Worker, er
 		return nil, fmt.Errorf("launch: rank %d: %w%s", spec.Rank, err, timeoutNote(ctx))
 	}
 
+	if opts.Secret == "" {
+		opts.Secret = spec.Secret // the data plane proves it too
+	}
 	if opts.Addr == "" && spec.NNodes > 1 {
 		opts.Addr = ":0"
 		if opts.AdvertiseHost == "" {
@@ -311,18 +314,25 @@ func sourceName(source string) string {
 	return source
 }
 
-// serverTLS returns the control server's TLS configuration, nil without TLS.
+// serverTLS returns the control server's TLS configuration: the user's
+// certificate (TITANRUN_TLS_CERT) when given, else the certificate that
+// control.JobTLS derives from the job secret and job id. titan's control
+// plane always speaks TLS, loopback included.
 func (s Spec) serverTLS() (*tls.Config, error) {
-	if s.TLSCert == "" {
-		return nil, nil
+	if s.TLSCert != "" {
+		return control.LoadServerTLS(s.TLSCert, s.TLSKey, s.TLSCA)
 	}
-	return control.LoadServerTLS(s.TLSCert, s.TLSKey, s.TLSCA)
+	srv, _, err := control.JobTLS(s.Secret, s.JobID)
+	return srv, err
 }
 
-// clientTLS returns the control clients' TLS configuration, nil without TLS.
+// clientTLS returns the control clients' TLS configuration, matching
+// serverTLS: the user's CA (and certificate) when TITANRUN_TLS_CERT is
+// given, else the pinned key that control.JobTLS derives.
 func (s Spec) clientTLS() (*tls.Config, error) {
-	if s.TLSCert == "" {
-		return nil, nil
+	if s.TLSCert != "" {
+		return control.LoadClientTLS(s.TLSCA, s.TLSCert, s.TLSKey)
 	}
-	return control.LoadClientTLS(s.TLSCA, s.TLSCert, s.TLSKey)
+	_, cl, err := control.JobTLS(s.Secret, s.JobID)
+	return cl, err
 }

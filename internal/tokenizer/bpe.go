@@ -115,10 +115,20 @@ type bpeConfig struct {
 }
 
 // newBPE validates cfg and builds the tokenizer's lookup tables.
+// maxVocab bounds the ids of a vocabulary read from a file, checked before
+// tables are allocated by them.
+const maxVocab = 1 << 24
+
 func newBPE(cfg bpeConfig) (*BPE, error) {
 	size := len(cfg.vocab)
 	for _, sp := range cfg.specials {
+		if sp.id < 0 || sp.id >= maxVocab {
+			return nil, fmt.Errorf("special token %q has id %d, outside [0, %d)", sp.text, sp.id, maxVocab)
+		}
 		size = max(size, sp.id+1)
+	}
+	if size > maxVocab {
+		return nil, fmt.Errorf("vocabulary of %d ids is too large (at most %d)", size, maxVocab)
 	}
 	b := &BPE{
 		name:        cfg.name,

@@ -247,8 +247,16 @@ func parseHuggingFace(data []byte, cfg *hfConfig) (*BPE, error) {
 			byteLevel = false
 		}
 	}
-	if size > 1<<24 {
-		return nil, fmt.Errorf("vocab id %d is implausibly large", size-1)
+	for id := range added {
+		if id < 0 || id >= maxVocab {
+			return nil, fmt.Errorf("added token %q has id %d, outside [0, %d)", added[id], id, maxVocab)
+		}
+		size = max(size, id+1)
+	}
+	// Ids may have gaps, but the tables below take memory by the largest
+	// id: it must be in proportion to the number of tokens.
+	if n := len(m.Vocab) + len(added); size >= maxVocab || size > 2*n+1024 {
+		return nil, fmt.Errorf("vocab id %d is implausibly large for %d tokens", size-1, n)
 	}
 	vocab := make([][]byte, size)
 	names := make([]string, size)

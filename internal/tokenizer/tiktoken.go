@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 )
 
@@ -70,9 +71,16 @@ func LoadTiktoken(path string) (*BPE, error) {
 
 // readTiktoken parses a tiktoken file from r; name is used in errors.
 func readTiktoken(r io.Reader, name string) (*BPE, error) {
-	var vocab [][]byte
+	// The vocabulary is allocated once the file is read, from the number
+	// of tokens, so that a hostile rank cannot make it huge.
+	type entry struct {
+		tok  []byte
+		rank int
+	}
+	var entries []entry
 	seen := make(map[string]int) // token bytes -> line
 	lineOf := make(map[int]int)  // rank -> line
+	maxRank := -1
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 16*1024*1024)
 	line := 0
@@ -97,6 +105,9 @@ func readTiktoken(r io.Reader, name string) (*BPE, error) {
 		if err != nil || rank < 0 {
 			return nil, fmt.Errorf("%s:%d: bad rank %q: want a non-negative integer", name, line, clip(fields[1]))
 		}
+		if rank >= maxVocab {
+			return nil, fmt.Errorf("%s:%d: rank %d is implausibly large (at most %d)", name, line, rank, maxVocab-1)
+		}
 		if prev, dup := lineOf[rank]; dup {
 			return nil, fmt.Errorf("%s:%d: duplicate rank %d (first on line %d)", name, line, rank, prev)
 		}
@@ -105,24 +116,29 @@ func readTiktoken(r io.Reader, name string) (*BPE, error) {
 		}
 		lineOf[rank] = line
 		seen[string(tok)] = line
-		if rank >= len(vocab) {
-			if rank >= 1<<24 {
-				return nil, fmt.Errorf("%s:%d: rank %d is implausibly large", name, line, rank)
-			}
-			vocab = append(vocab, make([][]byte, rank+1-len(vocab))...)
-		}
-		vocab[rank] = tok
+		maxRank = max(maxRank, rank)
+		entries = append(entries, entry{tok, rank})
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("reading %s after line %d: %w", name, line, err)
 	}
-	if len(vocab) == 0 {
+	if len(entries) == 0 {
 		return nil, fmt.Errorf("%s: no tokens", name)
 	}
-	for rank, tok := range vocab {
-		if tok == nil {
-			return nil, fmt.Errorf("%s: ranks are not contiguous: rank %d is missing but rank %d is present", name, rank, len(vocab)-1)
+	if maxRank >= len(entries) {
+		// Ranks are distinct, so one of 0..maxRank is missing.
+		vocab := make([]bool, len(entries))
+		for _, e := range entries {
+			if e.rank < len(vocab) {
+				vocab[e.rank] = true
+			}
 		}
+		missing := slices.Index(vocab, false)
+		return nil, fmt.Errorf("%s: ranks are not contiguous: rank %d is missing but rank %d is present", name, missing, maxRank)
+	}
+	vocab := make([][]byte, len(entries))
+	for _, e := range entries {
+		vocab[e.rank] = e.tok
 	}
 	n := len(vocab)
 	b, err := newBPE(bpeConfig{
