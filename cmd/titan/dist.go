@@ -15,14 +15,35 @@ import (
 )
 
 // launchFlags are torchrun's flags, shared by train and bench comm.
-type launchFlags struct{ f launch.Flags }
+type launchFlags struct {
+	f      launch.Flags
+	nnodes string // --nnodes N or MIN:MAX, parsed into f
+}
 
 func (l *launchFlags) register(cmd *cobra.Command) {
 	fs := cmd.Flags()
 	fs.IntVar(&l.f.NProc, "nproc", 0, "worker processes on this node (they split the CPU cores)")
-	fs.IntVar(&l.f.NNodes, "nnodes", 0, "number of nodes (one launcher per node)")
-	fs.IntVar(&l.f.NodeRank, "node-rank", 0, "this node's index in [0, nnodes)")
-	fs.StringVar(&l.f.RdzvEndpoint, "rdzv-endpoint", "", "host:port of the control server that node 0 hosts")
+	fs.StringVar(&l.nnodes, "nnodes", "", "number of nodes (one launcher per node), or MIN:MAX for an elastic job")
+	fs.IntVar(&l.f.NodeRank, "node-rank", 0, "this node's index in [0, nnodes) (elastic jobs: orders the nodes)")
+	fs.StringVar(&l.f.RdzvEndpoint, "rdzv-endpoint", "", "host:port of the rendezvous: the control server node 0 hosts (c10d), or the etcd cluster")
+	fs.IntVar(&l.f.MaxRestarts, "max-restarts", 0, "restart every worker from the latest checkpoint at most this many times when one dies or stops answering")
+	fs.StringVar(&l.f.RdzvBackend, "rdzv-backend", "", "rendezvous backend of an elastic job: c10d (built in, hosted by the first node's launcher; default) or etcd")
+	fs.StringVar(&l.f.RdzvConf, "rdzv-conf", "", "elastic rendezvous settings key=value,...: join_timeout (600), last_call_timeout (30), keep_alive_interval (5), keep_alive_max_attempt (3)")
+	fs.StringVar(&l.f.RdzvID, "rdzv-id", "", "job id every node presents (default: derived from --rdzv-endpoint)")
+}
+
+// flags returns the parsed launcher flags.
+func (l *launchFlags) flags() (launch.Flags, error) {
+	f := l.f
+	lo, hi, err := launch.ParseNNodes(l.nnodes)
+	if err != nil {
+		return f, err
+	}
+	f.NNodes = hi
+	if lo < hi {
+		f.MinNodes = lo
+	}
+	return f, nil
 }
 
 // commandArgs are the arguments titan was started with; workers are
@@ -58,7 +79,11 @@ func commSettingsOf(job *config.Job) commSettings {
 // their output to out; as a
 // worker it joins the job first; standalone it calls fn(nil).
 func (l *launchFlags) distributed(ctx context.Context, out io.Writer, cs commSettings, fn func(w *launch.Worker) error) error {
-	spec, err := launch.Detect(os.Environ(), l.f)
+	f, err := l.flags()
+	if err != nil {
+		return err
+	}
+	spec, err := launch.Detect(os.Environ(), f)
 	if err != nil {
 		return err
 	}
