@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/titan-go/titan/internal/checkpoint"
 	"github.com/titan-go/titan/internal/comm"
 	"github.com/titan-go/titan/internal/config"
 	"github.com/titan-go/titan/internal/launch"
@@ -93,6 +94,10 @@ func (l *launchFlags) distributed(ctx context.Context, out io.Writer, cs commSet
 		// them to save; the signal must not cancel it.
 		return launch.Launch(context.WithoutCancel(ctx), spec, commandArgs, out)
 	case launch.ModeWorker:
+		if id, round, ok := launch.ElasticRound(os.Environ()); ok {
+			// The dump folder's lock of an earlier round is stale.
+			checkpoint.ElasticRound.Job, checkpoint.ElasticRound.Round = id, round
+		}
 		if cs.TraceDir != "" {
 			defer comm.InstallFlightDumpOnSignal(cs.TraceDir)()
 		}

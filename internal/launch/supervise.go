@@ -347,3 +347,20 @@ func runRound(ctx context.Context, spec Spec, exe string, args []string, out *sy
 	}
 	return l.supervise(ctx, sigs, endpoint, jobID, spec.Secret, events)
 }
+
+// ElasticRound returns the run id and the rendezvous round of a worker of
+// an elastic job, read from its environment (os.Environ() form); ok is
+// false for any other process.
+func ElasticRound(environ []string) (runID string, round int, ok bool) {
+	env := envMap(environ)
+	runID = env[EnvRunID]
+	rest, found := strings.CutPrefix(env[EnvJobID], runID+"-r")
+	if runID == "" || !found {
+		return "", 0, false
+	}
+	round, err := strconv.Atoi(rest)
+	if err != nil || round < 0 {
+		return "", 0, false
+	}
+	return runID, round, true
+}
