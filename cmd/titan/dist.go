@@ -19,6 +19,9 @@ import (
 type launchFlags struct {
 	f      launch.Flags
 	nnodes string // --nnodes N or MIN:MAX, parsed into f
+	// checkWorld, when set, is an elastic launcher's
+	// launch.Elastic.CheckWorld.
+	checkWorld func(world int) error
 }
 
 func (l *launchFlags) register(cmd *cobra.Command) {
@@ -90,6 +93,9 @@ func (l *launchFlags) distributed(ctx context.Context, out io.Writer, cs commSet
 	}
 	switch spec.Mode {
 	case launch.ModeLauncher:
+		if spec.Elastic != nil {
+			spec.Elastic.CheckWorld = l.checkWorld
+		}
 		// The launcher forwards Ctrl-C to its workers itself and waits for
 		// them to save; the signal must not cancel it.
 		return launch.Launch(context.WithoutCancel(ctx), spec, commandArgs, out)

@@ -91,6 +91,7 @@ launchers of several nodes need the same TITANRUN_SECRET.`,
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			cs := commSettingsOf(job)
+			lf.checkWorld = func(world int) error { return train.CheckWorld(job, world) }
 			err = lf.distributed(ctx, os.Stdout, cs, func(w *launch.Worker) error {
 				if w == nil || w.Rank == 0 {
 					if err := job.SaveConfigFile(); err != nil { // job.save_config_file

@@ -196,3 +196,29 @@ func TestElasticFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestElasticWorldUnfit: a round whose world the job cannot run on
+// (Elastic.CheckWorld) fails the job with that error before any worker
+// starts, without using a restart.
+func TestElasticWorldUnfit(t *testing.T) {
+	setFakeWorkers(t, "*:allreduce")
+	notes := captureNotices(t)
+	spec := elasticLocal(t, 3, 2)
+	unfit := errors.New("parallelism.data_parallel_shard_degree 4: does not fit")
+	var asked []int
+	spec.Elastic.CheckWorld = func(world int) error {
+		asked = append(asked, world)
+		return unfit
+	}
+	out := newWatchWriter("", 0)
+	err := Launch(context.Background(), spec, nil, out)
+	if !errors.Is(err, unfit) || errors.Is(err, errNoRestarts) || !strings.Contains(err.Error(), "cannot run on the 3 workers") {
+		t.Fatalf("Launch: %v, want the unfit world's error", err)
+	}
+	if len(asked) != 1 || asked[0] != 3 || strings.Contains(out.String(), "[rank") {
+		t.Errorf("asked %v; output %q: want one check of world 3 and no worker", asked, out)
+	}
+	if !strings.Contains(notes.String(), "; the job fails") {
+		t.Errorf("notices:\n%s", notes)
+	}
+}

@@ -209,8 +209,10 @@ func (r *rendezvous) next(ctx context.Context) (roundInfo, error) {
 			continue
 		}
 		switch {
-		case st.Fatal != "":
+		case st.Fatal != "" && st.Failure:
 			return roundInfo{}, fmt.Errorf("%w: %s", errNoRestarts, st.Fatal)
+		case st.Fatal != "":
+			return roundInfo{}, fmt.Errorf("the job failed: %s", st.Fatal)
 		case st.Done:
 			return roundInfo{}, errJobDone
 		}
@@ -298,9 +300,16 @@ func (r *rendezvous) endpoint(ctx context.Context, k int) (string, error) {
 	}
 }
 
-// end ends round k for reason (a failure counts as a restart) unless it
-// already ended, and returns the state that follows it.
-func (r *rendezvous) end(ctx context.Context, k int, reason string, failure bool) (rdzvState, error) {
+// How a round ends (rendezvous.end).
+const (
+	endChange  = iota // membership changed: no restart counted
+	endFailure        // a worker or node failed: a restart counted
+	endFatal          // the job cannot go on: it fails
+)
+
+// end ends round k for reason, as kind says, unless it already ended, and
+// returns the state that follows it.
+func (r *rendezvous) end(ctx context.Context, k int, reason string, kind int) (rdzvState, error) {
 	for {
 		kvs, st, _, err := r.snapshot(ctx)
 		if err != nil {
@@ -309,12 +318,14 @@ func (r *rendezvous) end(ctx context.Context, k int, reason string, failure bool
 		if st.Round != k || st.Fatal != "" || st.Done {
 			return st, nil
 		}
-		next := rdzvState{Round: k + 1, Restarts: st.Restarts, Reason: reason, Failure: failure}
-		if failure {
+		next := rdzvState{Round: k + 1, Restarts: st.Restarts, Reason: reason, Failure: kind == endFailure}
+		switch {
+		case kind == endFatal:
+			next.Fatal = reason
+		case kind == endFailure && st.Restarts >= r.cfg.MaxRestarts:
+			next.Fatal = fmt.Sprintf("%s; %d restarts used (--max-restarts %d)", reason, st.Restarts, r.cfg.MaxRestarts)
+		case kind == endFailure:
 			next.Restarts++
-			if next.Restarts > r.cfg.MaxRestarts {
-				next.Fatal = fmt.Sprintf("%s; %d restarts used (--max-restarts %d)", reason, st.Restarts, r.cfg.MaxRestarts)
-			}
 		}
 		ok, err := r.store.Swap(ctx, r.prefix+"state", kvs[r.prefix+"state"], next.encode())
 		if err != nil {
@@ -376,12 +387,12 @@ func (r *rendezvous) watch(ctx context.Context, info roundInfo) <-chan string {
 					reason = st.Reason
 				case len(left) > 0:
 					reason = fmt.Sprintf("node %s left the rendezvous (its lease expired)", strings.Join(left, ", "))
-					if st, err = r.end(ctx, k, reason, true); err == nil && st.Fatal != "" {
+					if st, err = r.end(ctx, k, reason, endFailure); err == nil && st.Fatal != "" {
 						reason = st.Fatal
 					}
 				case len(waiting) > 0 && len(info.Nodes) < r.cfg.MaxNodes:
 					reason = fmt.Sprintf("node %s waits to join (%d of at most %d nodes run)", strings.Join(waiting, ", "), len(info.Nodes), r.cfg.MaxNodes)
-					r.end(ctx, k, reason, false)
+					r.end(ctx, k, reason, endChange)
 				}
 				if reason != "" {
 					ch <- reason

@@ -143,7 +143,7 @@ func TestRendezvousRounds(t *testing.T) {
 			}
 
 			// A second failure is one more than --max-restarts 1.
-			st, err := c.end(context.Background(), 2, "worker rank 3 exited with status 1", true)
+			st, err := c.end(context.Background(), 2, "worker rank 3 exited with status 1", endFailure)
 			if err != nil || !strings.Contains(st.Fatal, "worker rank 3 exited with status 1; 1 restarts used (--max-restarts 1)") {
 				t.Fatalf("end: %+v, %v", st, err)
 			}

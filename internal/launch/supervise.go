@@ -55,7 +55,25 @@ type Elastic struct {
 	// JoinTimeout, LastCall and LeaseTTL are --rdzv-conf's join_timeout,
 	// last_call_timeout and keep_alive_interval × keep_alive_max_attempt.
 	JoinTimeout, LastCall, LeaseTTL time.Duration
+	// CheckWorld, when set, tells whether the job can run on a world of
+	// that many workers (e.g. the recipe's parallelism degrees fit it);
+	// a round whose world does not fit fails the job with its error, on
+	// every node, before any worker starts.
+	CheckWorld func(world int) error
 }
+
+// worldUnfit is the result of a round whose world size the job cannot
+// run on (Elastic.CheckWorld).
+type worldUnfit struct {
+	world int
+	err   error
+}
+
+func (e *worldUnfit) Error() string {
+	return fmt.Sprintf("the job cannot run on the %d workers of this rendezvous round: %v", e.world, e.err)
+}
+
+func (e *worldUnfit) Unwrap() error { return e.err }
 
 // elastic reports whether the flags ask for an elastic launcher.
 func (f Flags) elastic() bool {
@@ -240,6 +258,7 @@ func superviseElastic(ctx context.Context, spec Spec, exe string, args []string,
 		k := info.Round
 		var re *roundEnded
 		var we *WorkerError
+		var wf *worldUnfit
 		switch {
 		case err == nil:
 			if ferr := rz.finish(context.Background(), k); ferr != nil {
@@ -247,21 +266,27 @@ func superviseElastic(ctx context.Context, spec Spec, exe string, args []string,
 			}
 			return nil
 		case errors.Is(err, ErrInterrupted):
-			rz.end(context.Background(), k, fmt.Sprintf("node %s was interrupted", nodeID), false)
+			rz.end(context.Background(), k, fmt.Sprintf("node %s was interrupted", nodeID), endChange)
 			return err
-		case errors.As(err, &re), errors.As(err, &we):
-			reason := err.Error()
-			if we != nil {
-				reason = "worker " + reason
+		case errors.As(err, &re), errors.As(err, &we), errors.As(err, &wf):
+			reason, kind := err.Error(), endChange
+			switch {
+			case we != nil:
+				reason, kind = "worker "+reason, endFailure
+			case wf != nil:
+				kind = endFatal
 			}
-			st, serr := rz.end(context.Background(), k, reason, we != nil)
+			st, serr := rz.end(context.Background(), k, reason, kind)
 			if serr != nil {
 				return fmt.Errorf("launch: %w (after %v)", serr, err)
 			}
 			if st.Fatal != "" {
 				say("%s; the job fails", st.Fatal)
-				if we != nil {
+				switch {
+				case we != nil:
 					return fmt.Errorf("launch: %w: %w", errNoRestarts, we)
+				case wf != nil:
+					return fmt.Errorf("launch: %w", wf)
 				}
 				return fmt.Errorf("launch: %w: %s", errNoRestarts, st.Fatal)
 			}
@@ -287,6 +312,11 @@ func runRound(ctx context.Context, spec Spec, exe string, args []string, out *sy
 	rs.NodeRank, rs.NNodes = info.NodeRank, len(info.Nodes)
 	rs.WorldSize = rs.NNodes * rs.NProcPerNode
 	jobID := fmt.Sprintf("%s-r%d", spec.JobID, k)
+	if e.CheckWorld != nil {
+		if err := e.CheckWorld(rs.WorldSize); err != nil {
+			return &worldUnfit{rs.WorldSize, err}
+		}
+	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
@@ -333,7 +363,7 @@ func runRound(ctx context.Context, spec Spec, exe string, args []string, out *sy
 		onFail: func(err error) {
 			// Tell the other nodes at once; runRound's caller ends the
 			// round again (a no-op then) once the workers are stopped.
-			go rz.end(context.Background(), k, "worker "+err.Error(), true)
+			go rz.end(context.Background(), k, "worker "+err.Error(), endFailure)
 		},
 		extraEnv: []string{
 			EnvRestartCount + "=" + strconv.Itoa(info.Restarts),
