@@ -280,9 +280,10 @@ func (r *rendezvous) publishEndpoint(ctx context.Context, k int, endpoint string
 	return nil
 }
 
-// endpoint waits for the control server of round k; "" with a nil error
-// when the round ended first.
-func (r *rendezvous) endpoint(ctx context.Context, k int) (string, error) {
+// endpoint waits for the control server of round info; "" with a nil
+// error when the round ended first (or a member left, which ends it).
+func (r *rendezvous) endpoint(ctx context.Context, info roundInfo) (string, error) {
+	k := info.Round
 	for {
 		kvs, st, rev, err := r.snapshot(ctx)
 		if err != nil {
@@ -293,6 +294,10 @@ func (r *rendezvous) endpoint(ctx context.Context, k int) (string, error) {
 		}
 		if st.Round != k || st.Fatal != "" {
 			return "", nil
+		}
+		if left := r.left(kvs, info); len(left) > 0 {
+			_, err := r.end(ctx, k, leftReason(left), endFailure)
+			return "", err
 		}
 		if err := r.waitChange(ctx, rev, time.Now().Add(time.Minute)); err != nil {
 			return "", err
@@ -372,12 +377,7 @@ func (r *rendezvous) watch(ctx context.Context, info roundInfo) <-chan string {
 			if err == nil {
 				var reason string
 				waiting := idsUnder(kvs, r.key(k, "wait")+"/")
-				var left []string
-				for _, id := range info.Nodes {
-					if _, ok := kvs[r.key(k, "join", id)]; !ok {
-						left = append(left, id)
-					}
-				}
+				left := r.left(kvs, info)
 				switch {
 				case st.Done:
 					return
@@ -386,7 +386,7 @@ func (r *rendezvous) watch(ctx context.Context, info roundInfo) <-chan string {
 				case st.Round != k:
 					reason = st.Reason
 				case len(left) > 0:
-					reason = fmt.Sprintf("node %s left the rendezvous (its lease expired)", strings.Join(left, ", "))
+					reason = leftReason(left)
 					if st, err = r.end(ctx, k, reason, endFailure); err == nil && st.Fatal != "" {
 						reason = st.Fatal
 					}
@@ -411,4 +411,19 @@ func (r *rendezvous) watch(ctx context.Context, info roundInfo) <-chan string {
 		}
 	}()
 	return ch
+}
+
+// left returns the members of round info whose lease ended.
+func (r *rendezvous) left(kvs map[string]string, info roundInfo) []string {
+	var left []string
+	for _, id := range info.Nodes {
+		if _, ok := kvs[r.key(info.Round, "join", id)]; !ok {
+			left = append(left, id)
+		}
+	}
+	return left
+}
+
+func leftReason(left []string) string {
+	return fmt.Sprintf("node %s left the rendezvous (its lease expired)", strings.Join(left, ", "))
 }

@@ -201,3 +201,29 @@ func TestC10dRefusesWrongSecret(t *testing.T) {
 		t.Errorf("wrong secret: %v", err)
 	}
 }
+
+// TestRendezvousHostLeavesBeforeEndpoint: a member waiting for the
+// round's control server learns that its host left (lease gone) and the
+// round ends as a failure instead of waiting forever.
+func TestRendezvousHostLeavesBeforeEndpoint(t *testing.T) {
+	store := newMemStore()
+	defer store.Close()
+	cfg := testCfg(2, 2, 3)
+	a := mustNode(t, store, cfg, "j", "0000-a")
+	b := mustNode(t, store, cfg, "j", "0001-b")
+	ca, cb := goNext(a), goNext(b)
+	recv(t, ca, "a's round")
+	rb := recv(t, cb, "b's round")
+	if rb.err != nil || rb.info.NodeRank != 1 {
+		t.Fatalf("round 0: %+v %v", rb.info, rb.err)
+	}
+	a.close() // the host's launcher is gone before it published the endpoint
+	ep, err := b.endpoint(context.Background(), rb.info)
+	if ep != "" || err != nil {
+		t.Fatalf("endpoint: %q, %v; want none", ep, err)
+	}
+	_, st, _, err := b.snapshot(context.Background())
+	if err != nil || st.Round != 1 || st.Restarts != 1 || !strings.Contains(st.Reason, "node 0000-a left the rendezvous") {
+		t.Errorf("state after the host left: %+v, %v", st, err)
+	}
+}

@@ -351,7 +351,7 @@ func runRound(ctx context.Context, spec Spec, exe string, args []string, out *sy
 		}
 	} else {
 		var err error
-		if endpoint, err = rz.endpoint(wctx, k); err != nil {
+		if endpoint, err = rz.endpoint(wctx, info); err != nil {
 			return fmt.Errorf("launch: %w", err)
 		}
 		if endpoint == "" {
