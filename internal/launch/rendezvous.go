@@ -427,3 +427,21 @@ func (r *rendezvous) left(kvs map[string]string, info roundInfo) []string {
 func leftReason(left []string) string {
 	return fmt.Sprintf("node %s left the rendezvous (its lease expired)", strings.Join(left, ", "))
 }
+
+// awaitLeft waits, at most timeout, until every other member of round info
+// has left the rendezvous (its launcher ended and revoked its lease).
+func (r *rendezvous) awaitLeft(ctx context.Context, info roundInfo, timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		kvs, _, rev, err := r.snapshot(ctx)
+		if err != nil {
+			return
+		}
+		if len(r.left(kvs, info)) >= len(info.Nodes)-1 {
+			return
+		}
+		if r.waitChange(ctx, rev, deadline) != nil {
+			return
+		}
+	}
+}

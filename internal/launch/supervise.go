@@ -187,32 +187,33 @@ type roundEnded struct{ reason string }
 
 func (e *roundEnded) Error() string { return "round ended: " + e.reason }
 
-// openStore opens the rendezvous backend; closeFn releases it.
-func openStore(e *Elastic, secret string) (store rdzvStore, closeFn func(), err error) {
+// openStore opens the rendezvous backend; closeFn releases it. hosting
+// reports that this launcher serves the c10d rendezvous to other nodes.
+func openStore(e *Elastic, secret string) (store rdzvStore, closeFn func(), hosting bool, err error) {
 	switch e.Backend {
 	case BackendEtcd:
 		s, err := openEtcd(e.Endpoint, 10*time.Second)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, false, err
 		}
-		return s, func() { s.Close() }, nil
+		return s, func() { s.Close() }, false, nil
 	case BackendC10d:
 		if e.Endpoint == "" {
 			s := newMemStore()
-			return s, func() { s.Close() }, nil
+			return s, func() { s.Close() }, false, nil
 		}
 		c, srv, err := openC10d(e.Endpoint, secret)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, false, err
 		}
 		return c, func() {
 			c.Close()
 			if srv != nil {
 				srv.Close()
 			}
-		}, nil
+		}, srv != nil, nil
 	}
-	return nil, nil, fmt.Errorf("--rdzv-backend %q: want %s or %s", e.Backend, BackendC10d, BackendEtcd)
+	return nil, nil, false, fmt.Errorf("--rdzv-backend %q: want %s or %s", e.Backend, BackendC10d, BackendEtcd)
 }
 
 // superviseElastic runs an elastic launcher: rounds of rendezvous, each
@@ -224,7 +225,7 @@ func superviseElastic(ctx context.Context, spec Spec, exe string, args []string,
 	say := func(format string, a ...any) { fmt.Fprintf(notices, "titanrun: "+format+"\n", a...) }
 	sctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
-	store, closeStore, err := openStore(e, spec.Secret)
+	store, closeStore, hosting, err := openStore(e, spec.Secret)
 	if err != nil {
 		return fmt.Errorf("launch: %w", err)
 	}
@@ -263,6 +264,11 @@ func superviseElastic(ctx context.Context, spec Spec, exe string, args []string,
 		case err == nil:
 			if ferr := rz.finish(context.Background(), k); ferr != nil {
 				say("marking job %s finished: %v", spec.JobID, ferr)
+			}
+			if hosting {
+				// The other nodes may still need the rendezvous to
+				// finish; they leave it as they end.
+				rz.awaitLeft(ctx, info, hostLinger)
 			}
 			return nil
 		case errors.Is(err, ErrInterrupted):
