@@ -28,9 +28,6 @@ func rdzvBackends(t *testing.T) map[string]func() rdzvStore {
 		"memory": func() rdzvStore { return mem },
 		"c10d":   func() rdzvStore { return newC10dClient(ep, "s3cret") },
 		"etcd": func() rdzvStore {
-			if testing.Short() {
-				t.Skip("etcd: -short")
-			}
 			e := etcdOnce(t)
 			s, err := openEtcd(e.Endpoint, 10*time.Second)
 			if err != nil {
