@@ -119,7 +119,11 @@ all_to_all).`,
 			if _, err := comm.BusFactor(op, 2); err != nil {
 				return fmt.Errorf("--op: %w", err)
 			}
-			spec, err := launch.Detect(os.Environ(), lf.f)
+			f, err := lf.flags()
+			if err != nil {
+				return err
+			}
+			spec, err := launch.Detect(os.Environ(), f)
 			if err != nil {
 				return err
 			}

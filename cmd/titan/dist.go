@@ -9,21 +9,46 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/titan-go/titan/internal/checkpoint"
 	"github.com/titan-go/titan/internal/comm"
 	"github.com/titan-go/titan/internal/config"
 	"github.com/titan-go/titan/internal/launch"
 )
 
 // launchFlags are torchrun's flags, shared by train and bench comm.
-type launchFlags struct{ f launch.Flags }
+type launchFlags struct {
+	f      launch.Flags
+	nnodes string // --nnodes N or MIN:MAX, parsed into f
+	// checkWorld, when set, is an elastic launcher's
+	// launch.Elastic.CheckWorld.
+	checkWorld func(world int) error
+}
 
 func (l *launchFlags) register(cmd *cobra.Command) {
 	fs := cmd.Flags()
 	fs.IntVar(&l.f.NProc, "nproc", 0, "worker processes on this node (they split the CPU cores)")
-	fs.IntVar(&l.f.NNodes, "nnodes", 0, "number of nodes (one launcher per node)")
-	fs.IntVar(&l.f.NodeRank, "node-rank", 0, "this node's index in [0, nnodes)")
-	fs.StringVar(&l.f.RdzvEndpoint, "rdzv-endpoint", "", "host:port of the control server that node 0 hosts")
+	fs.StringVar(&l.nnodes, "nnodes", "", "number of nodes (one launcher per node), or MIN:MAX for an elastic job")
+	fs.IntVar(&l.f.NodeRank, "node-rank", 0, "this node's index in [0, nnodes) (elastic jobs: orders the nodes)")
+	fs.StringVar(&l.f.RdzvEndpoint, "rdzv-endpoint", "", "host:port of the rendezvous: the control server node 0 hosts (c10d), or the etcd cluster")
+	fs.IntVar(&l.f.MaxRestarts, "max-restarts", 0, "restart every worker from the latest checkpoint at most this many times when one dies or stops answering")
+	fs.StringVar(&l.f.RdzvBackend, "rdzv-backend", "", "rendezvous backend of an elastic job: c10d (built in, hosted by the first node's launcher; default) or etcd")
+	fs.StringVar(&l.f.RdzvConf, "rdzv-conf", "", "elastic rendezvous settings key=value,...: join_timeout (600), last_call_timeout (30), keep_alive_interval (5), keep_alive_max_attempt (3)")
 	fs.StringVar(&l.f.SecretFile, "rdzv-secret-file", "", "file holding the job secret (mode 0600; also "+launch.EnvSecretFile+"); node 0 of several generates one when no secret is given")
+	fs.StringVar(&l.f.RdzvID, "rdzv-id", "", "job id every node presents (default: derived from --rdzv-endpoint)")
+}
+
+// flags returns the parsed launcher flags.
+func (l *launchFlags) flags() (launch.Flags, error) {
+	f := l.f
+	lo, hi, err := launch.ParseNNodes(l.nnodes)
+	if err != nil {
+		return f, err
+	}
+	f.NNodes = hi
+	if lo < hi {
+		f.MinNodes = lo
+	}
+	return f, nil
 }
 
 // commandArgs are the arguments titan was started with; workers are
@@ -59,16 +84,27 @@ func commSettingsOf(job *config.Job) commSettings {
 // their output to out; as a
 // worker it joins the job first; standalone it calls fn(nil).
 func (l *launchFlags) distributed(ctx context.Context, out io.Writer, cs commSettings, fn func(w *launch.Worker) error) error {
-	spec, err := launch.Detect(os.Environ(), l.f)
+	f, err := l.flags()
+	if err != nil {
+		return err
+	}
+	spec, err := launch.Detect(os.Environ(), f)
 	if err != nil {
 		return err
 	}
 	switch spec.Mode {
 	case launch.ModeLauncher:
+		if spec.Elastic != nil {
+			spec.Elastic.CheckWorld = l.checkWorld
+		}
 		// The launcher forwards Ctrl-C to its workers itself and waits for
 		// them to save; the signal must not cancel it.
 		return launch.Launch(context.WithoutCancel(ctx), spec, commandArgs, out)
 	case launch.ModeWorker:
+		if id, round, ok := launch.ElasticRound(os.Environ()); ok {
+			// The dump folder's lock of an earlier round is stale.
+			checkpoint.ElasticRound.Job, checkpoint.ElasticRound.Round = id, round
+		}
 		if cs.TraceDir != "" {
 			defer comm.InstallFlightDumpOnSignal(cs.TraceDir)()
 		}

@@ -55,12 +55,25 @@ With --nproc N, titan starts N worker processes that split the CPU cores
 and train data parallel; --nnodes, --node-rank and --rdzv-endpoint span
 several machines as with torchrun. Under Slurm (srun) or with the env://
 variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE) every process is a
-worker and no flag is needed.`,
+worker and no flag is needed.
+
+Elastic jobs, as with torchrun: --max-restarts K stops every worker when
+one dies or stops answering (heartbeats) and restarts them all from the
+latest checkpoint, at most K times; --nnodes MIN:MAX lets nodes leave and
+join (a new rendezvous round with the new world size, resuming resharded
+from the latest checkpoint; the recipe's global batch and data order stay,
+so set training.global_batch_size and data_parallel_shard_degree = -1).
+--rdzv-backend c10d (default) hosts the rendezvous in the first launcher on
+--rdzv-endpoint; --rdzv-backend etcd --rdzv-endpoint HOST:2379 keeps it in
+an etcd cluster, so that it survives the loss of any node. Elastic
+launchers of several nodes need the same TITANRUN_SECRET.`,
 		Example: `  titan train --recipe recipes/llama3_debug.toml
   titan train --recipe recipes/llama3_debug.toml --set training.steps=50 --set job.dump_folder=/tmp/run1
   TITAN_TRAINING_SEED=7 titan train --recipe recipes/llama3_tiny_bench.toml
   titan train --recipe recipes/llama3_debug.toml --nproc 2
   titan train --recipe r.toml --nnodes 2 --node-rank 0 --rdzv-endpoint 10.0.0.1:29500 --nproc 8
+  titan train --recipe recipes/llama3_debug.toml --nproc 4 --max-restarts 3
+  TITANRUN_SECRET=... titan train --recipe r.toml --nnodes 1:4 --nproc 8 --max-restarts 3 --rdzv-backend etcd --rdzv-endpoint etcd0:2379
   srun -n 4 titan train --recipe recipes/llama3_debug.toml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -78,6 +91,7 @@ worker and no flag is needed.`,
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			cs := commSettingsOf(job)
+			lf.checkWorld = func(world int) error { return train.CheckWorld(job, world) }
 			err = lf.distributed(ctx, os.Stdout, cs, func(w *launch.Worker) error {
 				if w == nil || w.Rank == 0 {
 					if err := job.SaveConfigFile(); err != nil { // job.save_config_file

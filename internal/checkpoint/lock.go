@@ -21,6 +21,19 @@ type Owner struct {
 	Host    string    `json:"host"`
 	PID     int       `json:"pid"`
 	Started time.Time `json:"started"`
+	// Job and Round: see ElasticRound.
+	Job   string `json:"job,omitempty"`
+	Round int    `json:"round,omitempty"`
+}
+
+// ElasticRound is set by the workers of an elastic job (internal/launch):
+// the job's run id and the rendezvous round they belong to. A lock held
+// by a process of an earlier round of the same job is stale: its
+// launchers stopped every worker of that round, or lost its node (whose
+// pid cannot be checked from another host), before starting this one.
+var ElasticRound struct {
+	Job   string
+	Round int
 }
 
 func (o Owner) String() string { return fmt.Sprintf("pid %d on host %s", o.PID, o.Host) }
@@ -28,7 +41,7 @@ func (o Owner) String() string { return fmt.Sprintf("pid %d on host %s", o.PID, 
 // self is this process.
 func self() Owner {
 	h, _ := os.Hostname()
-	return Owner{Host: h, PID: os.Getpid()}
+	return Owner{Host: h, PID: os.Getpid(), Job: ElasticRound.Job, Round: ElasticRound.Round}
 }
 
 // gone reports whether o is a process of this host that no longer runs.
@@ -152,7 +165,8 @@ func readLock(path string) (Owner, bool, error) {
 		}
 		return o, false, nil
 	}
-	return o, o.gone(), nil
+	earlierRound := o.Job != "" && o.Job == ElasticRound.Job && o.Round < ElasticRound.Round
+	return o, o.gone() || earlierRound, nil
 }
 
 // Release removes the lock file if it is still this lock's.

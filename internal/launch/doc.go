@@ -26,6 +26,52 @@
 // every worker computes MFU against the same host peak. The
 // TITAN_<SECTION>_<KEY> names belong to recipe keys and are not used.
 //
+// # Elastic jobs
+//
+// With --max-restarts K, --nnodes MIN:MAX or --rdzv-backend etcd the
+// launcher is elastic (see Elastic), as torchrun's agent: the launchers
+// meet in rounds of a rendezvous (rendezvous.go), kept by the c10d backend
+// (built in: the launcher that can bind --rdzv-endpoint hosts it, and the
+// rendezvous ends with it) or by an etcd v3 cluster (--rdzv-backend etcd
+// --rdzv-endpoint host:2379), where every node's membership is a key bound
+// to a lease that its launcher keeps alive, so that the rendezvous
+// survives the loss of any training node. A round closes with MAX nodes,
+// or with at least MIN once last_call_timeout passed without another
+// joining (join_timeout bounds the wait for MIN). Its nodes are ordered by
+// --node-rank (then host and pid); the lowest live one hosts the round's
+// control server on a fresh port, with the job id "<id>-r<round>", so
+// that workers of an earlier round are refused. When a worker exits
+// non-zero, is killed, or its heartbeats stop, its launcher (or the
+// control server's host) ends the round; every launcher stops its
+// workers (SIGTERM, SIGKILL after a grace period) and joins the next
+// round, whose workers resume from the latest complete checkpoint (the
+// trainer does that by itself, resharding to the new world size). A
+// failure, or a member whose lease expired, counts as a restart; after K
+// the job fails on every node with the reason. A node that arrives while
+// a round with fewer than MAX nodes runs makes the members end it without
+// counting a restart. Workers get TORCHELASTIC_RESTART_COUNT,
+// TORCHELASTIC_MAX_RESTARTS and TORCHELASTIC_RUN_ID as with torchrun. The
+// round and restart messages go to the launcher's stderr.
+//
+// # Timeouts
+//
+// A lost worker must be detected before a collective gives up on it, and
+// a collective must give up before the rendezvous does, so the defaults
+// are ordered (TestTimeoutsOrdered checks it):
+//
+//	heartbeat interval           1 s    (control.DefaultHeartbeatInterval)
+//	heartbeat timeout           10 s    (control.DefaultHeartbeatTimeout: the worker is lost)
+//	rendezvous lease            15 s    (keep_alive_interval 5 s × keep_alive_max_attempt 3: the node left)
+//	collective timeout         100 s    (comm.train_timeout_seconds)
+//	bootstrap timeout          300 s    (comm.init_timeout_seconds)
+//	rendezvous join timeout    600 s    (--rdzv-conf join_timeout)
+//
+// A worker that dies closes its data-plane connections, which its peers
+// notice at once; the heartbeat timeout catches the worker that stops
+// answering without dying (a stopped or hung process), the lease the node
+// whose launcher is gone, before the collective timeout would end its
+// peers' collectives with an error.
+//
 // # Trust assumptions
 //
 // The job secret is the one credential of a job. It comes from a file

@@ -54,6 +54,20 @@ func fakeAllReduce() int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	round, _ := strconv.Atoi(strings.TrimPrefix(spec.JobID, os.Getenv(EnvRunID)+"-r"))
+	if round > 0 && spec.Rank == 0 {
+		// A worker of the previous round, with its job id, is refused.
+		stale := fmt.Sprintf("%s-r%d", os.Getenv(EnvRunID), round-1)
+		// It reaches this round's server (the client pins its key) but
+		// presents the earlier round's job id.
+		tlsc, err := spec.clientTLS()
+		if err != nil {
+			fmt.Println("client TLS:", err)
+			return 1
+		}
+		_, err = control.Dial(ctx, control.DialConfig{Endpoint: spec.Endpoint, JobID: stale, Secret: spec.Secret, TLS: tlsc, Timeout: 5 * time.Second})
+		fmt.Printf("stale job id %s: refused=%v\n", stale, errors.Is(err, control.ErrNotAdmitted))
+	}
 	w, err := Join(ctx, spec)
 	if err != nil {
 		fmt.Println("join:", err)
@@ -85,6 +99,9 @@ func fakeAllReduce() int {
 	}
 	fmt.Printf("allreduce ok source=%s rank=%d world=%d local=%d/%d node=%d\n", spec.Source, w.Rank, w.WorldSize, w.LocalRank, w.LocalWorldSize, w.NodeRank)
 	post := os.Getenv(fakePostEnv)
+	if v, ok := os.LookupEnv(fakeFirstPostEnv); ok && os.Getenv(EnvRestartCount) == "0" {
+		post = v
+	}
 	if r, a, ok := strings.Cut(post, ":"); ok {
 		if r != strconv.Itoa(w.Rank) {
 			a = "hang"
@@ -98,6 +115,10 @@ func fakeAllReduce() int {
 		return code
 	case post == "hang":
 		fmt.Println("ready")
+		select {}
+	case post == "kill9":
+		fmt.Println("ready")
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {}
 	case post == "freeze":
 		fmt.Println("ready")
@@ -123,6 +144,7 @@ func (e *fakeExit) ExitCode() int { return e.code }
 const (
 	fakePostEnv      = "LAUNCHTEST_POST"      // what an allreduce worker does after the all-reduce
 	fakeHeartbeatEnv = "LAUNCHTEST_HEARTBEAT" // heartbeat interval of fake workers
+	fakeFirstPostEnv = "LAUNCHTEST_POST0"     // fakePostEnv of the first round of an elastic job
 )
 
 // checkAllReduced checks that ranks 0..world-1 each printed one success

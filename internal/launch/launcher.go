@@ -118,12 +118,15 @@ func Launch(ctx context.Context, spec Spec, workerArgs []string, out io.Writer) 
 	if spec.NProcPerNode < 1 || spec.NNodes < 1 || spec.NodeRank < 0 || spec.NodeRank >= spec.NNodes {
 		return fmt.Errorf("launch: bad layout: %d processes per node, %d nodes, node rank %d", spec.NProcPerNode, spec.NNodes, spec.NodeRank)
 	}
-	if spec.NNodes > 1 && spec.Endpoint == "" {
+	if spec.NNodes > 1 && spec.Endpoint == "" && spec.Elastic == nil {
 		return fmt.Errorf("launch: %d nodes need a rendezvous endpoint", spec.NNodes)
 	}
 	exe, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("launch: finding the titan binary to start workers: %w", err)
+	}
+	if spec.Elastic != nil {
+		return superviseElastic(ctx, spec, exe, workerArgs, &syncWriter{out: out})
 	}
 	l := &launcher{spec: spec, exe: exe, args: workerArgs, out: &syncWriter{out: out}}
 	return l.run(ctx)
@@ -145,6 +148,13 @@ type launcher struct {
 	stopped bool
 	gone    map[int]bool // ranks known to have exited or been lost
 	linger  bool         // local workers are done; waiting for other nodes
+
+	// Elastic rounds (see superviseElastic); zero for a fixed job.
+	ended     <-chan string // delivers why the rendezvous ended the round
+	endReason string        // what ended delivered
+	onFail    func(error)   // told of the failure that stops the round
+	extraEnv  []string      // worker variables beyond workerEnv's
+	started   func(pids []int)
 }
 
 type child struct {
@@ -221,6 +231,14 @@ func (l *launcher) run(ctx context.Context) error {
 				secretPath, spec.NNodes-1, spec.NNodes, endpoint)
 		}
 	}
+	return l.supervise(ctx, sigs, endpoint, jobID, secret, events)
+}
+
+// supervise starts this node's workers for the control plane at endpoint
+// and monitors them until they are all done (see Launch). events are the
+// control server's when this launcher hosts it, else nil.
+func (l *launcher) supervise(ctx context.Context, sigs <-chan os.Signal, endpoint, jobID, secret string, events <-chan control.Event) error {
+	spec := l.spec
 	threads := spec.Threads
 	if threads <= 0 {
 		threads = max(1, runtime.NumCPU()/spec.NProcPerNode)
@@ -245,7 +263,7 @@ func (l *launcher) run(ctx context.Context) error {
 		prefix := fmt.Sprintf("[rank %d] ", rank)
 		c.stdout, c.stderr = newPrefixWriter(l.out, prefix), newPrefixWriter(l.out, prefix)
 		c.cmd = exec.Command(l.exe, l.args...)
-		c.cmd.Env = workerEnv(base, spec, lr, endpoint, jobID, secret, threads)
+		c.cmd.Env = append(workerEnv(base, spec, lr, endpoint, jobID, secret, threads), l.extraEnv...)
 		c.cmd.Stdout, c.cmd.Stderr = c.stdout, c.stderr
 		c.cmd.WaitDelay = time.Second // bound the wait for stray holders of the pipes
 		c.cmd.SysProcAttr = workerProcAttr()
@@ -259,10 +277,24 @@ func (l *launcher) run(ctx context.Context) error {
 		l.byRank[rank] = c
 		go func() { exits <- exitMsg{c, c.cmd.Wait()} }()
 	}
+	if l.started != nil {
+		pids := make([]int, len(l.workers))
+		for i, c := range l.workers {
+			pids[i] = c.pid
+		}
+		l.started(pids)
+	}
 
 	ctxDone := ctx.Done()
 	for live := len(l.workers); live > 0; {
 		select {
+		case reason, ok := <-l.ended:
+			l.ended = nil
+			if ok && !l.stopped {
+				l.endReason = reason
+				l.logf("%s; stopping the workers", reason)
+				l.stop()
+			}
 		case m := <-exits:
 			live--
 			l.exited(m)
@@ -292,7 +324,7 @@ func (l *launcher) run(ctx context.Context) error {
 			l.signalAll(syscall.SIGKILL)
 		}
 	}
-	if events != nil && spec.NNodes > 1 && l.failure == nil && l.intr == nil && l.ctxErr == nil {
+	if events != nil && spec.NNodes > 1 && l.failure == nil && l.intr == nil && l.ctxErr == nil && l.endReason == "" {
 		l.awaitOtherNodes(ctx, events, sigs)
 	}
 	switch {
@@ -302,6 +334,8 @@ func (l *launcher) run(ctx context.Context) error {
 		return fmt.Errorf("launch: %w by %v", ErrInterrupted, l.intr)
 	case l.ctxErr != nil:
 		return fmt.Errorf("launch: %w: %w", ErrInterrupted, l.ctxErr)
+	case l.endReason != "":
+		return &roundEnded{l.endReason}
 	}
 	return nil
 }
@@ -416,7 +450,12 @@ func (l *launcher) nodeOf(rank int) int { return rank / l.spec.NProcPerNode }
 // fail records the failure that ends the job and stops the other workers.
 func (l *launcher) fail(we *WorkerError) {
 	l.failure = we
-	l.logf("%v; stopping the job", we)
+	if l.onFail != nil {
+		l.logf("worker %v; stopping the workers", we)
+		l.onFail(we)
+	} else {
+		l.logf("%v; stopping the job", we)
+	}
 	l.stop()
 }
 

@@ -81,11 +81,24 @@ type Flags struct {
 	// (see ReadSecretFile); TITANRUN_SECRET_FILE and TITANRUN_SECRET are
 	// the other ways to give it.
 	SecretFile string
+
+	// Elastic launches (see Elastic). MinNodes is MIN of --nnodes
+	// MIN:MAX (NNodes is MAX); 0 means the same as NNodes.
+	MinNodes int
+	// MaxRestarts is --max-restarts.
+	MaxRestarts int
+	// RdzvBackend is --rdzv-backend: "" or "c10d", or "etcd".
+	RdzvBackend string
+	// RdzvConf is --rdzv-conf, torchrun's key=value,... list.
+	RdzvConf string
+	// RdzvID is --rdzv-id, the job id every node presents ("" derives
+	// one from the endpoint).
+	RdzvID string
 }
 
 // given reports whether any launcher flag asks for more than one process.
 func (f Flags) given() bool {
-	return f.NProc > 1 || f.NNodes > 1 || f.NodeRank > 0 || f.RdzvEndpoint != ""
+	return f.NProc > 1 || f.NNodes > 1 || f.NodeRank > 0 || f.RdzvEndpoint != "" || f.elastic()
 }
 
 // Spec describes how this process takes part in a run. Detect fills it in
@@ -146,6 +159,10 @@ type Spec struct {
 	// speaks TLS with the certificate control.JobTLS derives from the job
 	// secret and job id.
 	TLSCert, TLSKey, TLSCA string
+
+	// Elastic is set for an elastic launcher (--max-restarts,
+	// --nnodes MIN:MAX, --rdzv-backend etcd); nil otherwise.
+	Elastic *Elastic
 }
 
 // Detect works out how this process takes part in a run from its launcher
@@ -282,7 +299,21 @@ func checkFlags(f Flags) error {
 	case f.NodeRank > 0 && f.NodeRank >= max(f.NNodes, 1):
 		return fmt.Errorf("--node-rank %d: must be below --nnodes %d", f.NodeRank, max(f.NNodes, 1))
 	}
-	if f.RdzvEndpoint != "" {
+	switch {
+	case f.MaxRestarts < 0:
+		return fmt.Errorf("--max-restarts %d: must not be negative", f.MaxRestarts)
+	case f.MinNodes < 0 || (f.MinNodes > 0 && f.MinNodes > max(f.NNodes, 1)):
+		return fmt.Errorf("--nnodes %d:%d: want 1 <= MIN <= MAX", f.MinNodes, f.NNodes)
+	case f.RdzvBackend != "" && f.RdzvBackend != BackendC10d && f.RdzvBackend != BackendEtcd:
+		return fmt.Errorf("--rdzv-backend %q: want %s or %s", f.RdzvBackend, BackendC10d, BackendEtcd)
+	}
+	if f.RdzvBackend == BackendEtcd && f.RdzvEndpoint != "" {
+		for _, ep := range strings.Split(f.RdzvEndpoint, ",") {
+			if err := checkEndpoint(strings.TrimPrefix(strings.TrimPrefix(ep, "http://"), "https://")); err != nil {
+				return fmt.Errorf("--rdzv-endpoint: %w", err)
+			}
+		}
+	} else if f.RdzvEndpoint != "" {
 		if err := checkEndpoint(f.RdzvEndpoint); err != nil {
 			return fmt.Errorf("--rdzv-endpoint: %w", err)
 		}
@@ -678,8 +709,18 @@ func detectLauncher(env map[string]string, flags Flags) (Spec, error) {
 	if s.Secret, _, err = userSecret(env, flags.SecretFile); err != nil {
 		return Spec{}, err
 	}
+	if flags.RdzvID != "" {
+		s.JobID = flags.RdzvID
+	}
 	s.WorldSize = s.NProcPerNode * s.NNodes
 	s.LocalWorldSize = s.NProcPerNode
+	if flags.elastic() {
+		if err := elasticSpec(&s, env, flags); err != nil {
+			return Spec{}, err
+		}
+		s.Threads, err = threadShare(env, 0, s.NProcPerNode)
+		return s, err
+	}
 	if s.WorldSize == 1 {
 		return Spec{Mode: ModeStandalone}, nil
 	}

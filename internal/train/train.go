@@ -142,16 +142,8 @@ func New(job *config.Job, dev Device, out io.Writer, dist *Dist) (*Trainer, erro
 		return nil, fmt.Errorf("model.tokenizer_path %q: the %s tokenizer has %d tokens but model flavor %s has vocab_size %d", job.Model.TokenizerPath, tr.Tok.Name(), tr.Tok.VocabSize(), job.Model.Flavor, fam.VocabSize())
 	}
 	T, B := job.Training.SeqLen, job.Training.LocalBatchSize
-	tr.accum = 1
-	if g := job.Training.GlobalBatchSize; g > 0 {
-		// As torchtitan: accumulation = global / (local × data-parallel ranks).
-		per := B * tr.dataRanks()
-		if g%per != 0 {
-			return nil, fmt.Errorf("training.global_batch_size %d is not a multiple of training.local_batch_size %d × %d data-parallel ranks", g, B, tr.dataRanks())
-		}
-		tr.accum = g / per
-	} else if job.Training.GradientAccumulationSteps > 1 {
-		tr.accum = job.Training.GradientAccumulationSteps
+	if tr.accum, err = accumSteps(job, tr.dataRanks()); err != nil {
+		return nil, err
 	}
 	v := job.Validation
 	heldOut := v.Enable && v.Dataset == "" && v.DatasetPath == ""
