@@ -120,6 +120,15 @@
 // user) needs no more: its segments are the user's files (mode 0600),
 // found through the authenticated control connections.
 //
+// Rendezvous. The c10d rendezvous (hosted by the first launcher) speaks
+// HTTPS with a certificate derived from the secret, pinned by the other
+// launchers as on the control plane, and refuses a request without the
+// secret with a bare 403. The etcd rendezvous trusts the etcd cluster as
+// it is configured (titan passes no etcd credentials or TLS settings yet):
+// whoever can write to it can disturb the rendezvous (a denial of
+// service), but cannot join the job or impersonate its control server,
+// whose certificate is derived from the secret that etcd never holds.
+//
 // Under Slurm, the tasks of a step cannot share a random value before they
 // meet, so unless a secret is given (srun passes the submitting
 // environment on, e.g. `TITANRUN_SECRET=$(openssl rand -hex 16) srun ...`,
