@@ -188,8 +188,12 @@ func TestGemmBF16Panics(t *testing.T) {
 		name string
 		f    func()
 	}{
-		{"short A", func() { GemmBF16(nil, false, false, 2, 2, 2, 1, BF16(make([]uint16, 3)), 2, F32(make([]float32, 4)), 2, 0, make([]float32, 4), 2) }},
-		{"small ldb", func() { GemmBF16(nil, false, false, 2, 2, 2, 1, F32(make([]float32, 4)), 2, F32(make([]float32, 4)), 1, 0, make([]float32, 4), 2) }},
+		{"short A", func() {
+			GemmBF16(nil, false, false, 2, 2, 2, 1, BF16(make([]uint16, 3)), 2, F32(make([]float32, 4)), 2, 0, make([]float32, 4), 2)
+		}},
+		{"small ldb", func() {
+			GemmBF16(nil, false, false, 2, 2, 2, 1, F32(make([]float32, 4)), 2, F32(make([]float32, 4)), 1, 0, make([]float32, 4), 2)
+		}},
 	} {
 		func() {
 			defer func() {
