@@ -215,3 +215,45 @@ func ExampleGemmBF16() {
 	fmt.Println(out)
 	// Output: [1 6 4 12]
 }
+
+// TestGemmBF16FallbackAgrees forces each fallback kernel (the float32
+// kernels on rounded operands, what a CPU without AVX512_BF16 runs) and
+// compares it with the default kernel on the same problems: they multiply
+// the same bfloat16 values, so they differ only by float32 accumulation
+// order, within 2·(k+4)·2^-24 of Σ|a·b| + |beta·c|.
+func TestGemmBF16FallbackAgrees(t *testing.T) {
+	saved := BF16Kernel()
+	defer SetBF16Kernel(saved)
+	p := workpool.New(2)
+	defer p.Close()
+	rng := rand.New(rand.NewPCG(11, 12))
+	for i, s := range []struct {
+		transA, transB bool
+		m, n, k        int
+	}{{false, true, 64, 96, 333}, {false, false, 77, 45, 128}, {true, false, 150, 130, 200}} {
+		pr := newProblem(rng, s.transA, s.transB, s.m, s.n, s.k, 0, 1, 1)
+		_, ah := roundedBF16(pr.a)
+		run := func(name string) []float32 {
+			if err := SetBF16Kernel(name); err != nil {
+				t.Fatal(err)
+			}
+			c := append([]float32(nil), pr.c...)
+			GemmBF16(p, pr.transA, pr.transB, pr.m, pr.n, pr.k, 1, BF16(ah), pr.lda, F32(pr.b), pr.ldb, 1, c, pr.ldc)
+			return c
+		}
+		def := run(BF16Kernels()[0])
+		ar, _ := roundedBF16(pr.a)
+		br, _ := roundedBF16(pr.b)
+		rounded := *pr
+		rounded.a, rounded.b = ar, br
+		_, scale := rounded.reference(pr.c)
+		for _, name := range BF16Kernels()[1:] {
+			got := run(name)
+			for idx := range got {
+				if d := math.Abs(float64(got[idx]) - float64(def[idx])); d > 2*float64(pr.k+4)*0x1p-24*scale[idx] {
+					t.Fatalf("problem %d: kernel %s C[%d] = %g, %s %g", i, name, idx, got[idx], BF16Kernels()[0], def[idx])
+				}
+			}
+		}
+	}
+}

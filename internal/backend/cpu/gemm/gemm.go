@@ -9,6 +9,12 @@
 // chosen at run time from the CPU features (AVX-512, AVX2+FMA, or portable
 // Go); see Kernels and SetKernel.
 //
+// GemmBF16 is the same multiplication on bfloat16 operands with float32
+// accumulation, through the same driver: on CPUs with AVX512_BF16 a
+// VDPBF16PS micro-kernel whose packing rounds float32 operands to
+// bfloat16 (or copies bfloat16 ones), elsewhere the float32 kernels on
+// operands rounded the same way; see BF16Kernels and SetBF16Kernel.
+//
 // Multiplications big enough to pay for it run on all workers of the
 // given pool: the workers pack the B panel together, share it, and claim
 // blocks of C one at a time, so that a worker slowed down by the rest of
