@@ -7,7 +7,7 @@ PKGS    := ./...
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null)
 LDFLAGS := $(if $(VERSION),-X github.com/titan-go/titan/internal/version.Version=$(VERSION))
 
-.PHONY: all build train test test-race fuzz bench bench-gemm bench-step bench-comm bench-generate bench-aggify lint fmt vet clean golden
+.PHONY: all build train test test-race fuzz bench bench-gemm bench-bf16 bench-step bench-comm bench-generate bench-aggify lint fmt vet clean golden
 
 all: build
 
@@ -48,6 +48,11 @@ bench:
 ## bench-gemm: titan's SGEMM against OpenBLAS, side by side.
 bench-gemm:
 	bash bench/openblas/compare.sh
+
+## bench-bf16: the bf16 GEMM against titan's float32 GEMM and PyTorch's
+## float32 and bfloat16 matmul on the linear-layer shapes, 1 and 2 threads.
+bench-bf16:
+	bash bench/gemm_bf16/compare.sh
 
 ## bench-step: training-step throughput against PyTorch, side by side.
 bench-step: build

@@ -133,6 +133,9 @@ type Backend interface {
 
 	// Gemm computes C = alpha*op(A)*op(B) + beta*C, row-major, where op(A)
 	// is m×k and op(B) is k×n; op transposes when transA/transB is set.
+	// When A or B is BFloat16 (the other may be Float32), the products are
+	// of bfloat16 values (a Float32 operand rounded to nearest even) and
+	// accumulate in float32; C is Float32 in every case.
 	Gemm(transA, transB bool, m, n, k int, alpha float32, a Tensor, lda int, b Tensor, ldb int, beta float32, c Tensor, ldc int)
 	// GemmStridedBatched runs batch independent Gemms; matrix i of A, B, C
 	// starts strideA*i, strideB*i, strideC*i elements into a, b, c.

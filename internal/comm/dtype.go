@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"unsafe"
+
+	"github.com/titan-go/titan/internal/numeric"
 )
 
 // DType is the element type of a Buffer.
@@ -153,19 +155,12 @@ func (b Buffer) bytes(lo, hi int) []byte {
 	return b.b[lo*es : hi*es : hi*es]
 }
 
-// BF16ToFloat32 widens a bfloat16 bit pattern to float32 (exactly).
-func BF16ToFloat32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+// BF16ToFloat32 widens a bfloat16 bit pattern exactly (numeric.BF16ToFloat32).
+func BF16ToFloat32(h uint16) float32 { return numeric.BF16ToFloat32(h) }
 
-// Float32ToBF16 rounds f to the nearest bfloat16, ties to even. NaNs stay
-// NaN (quiet).
-func Float32ToBF16(f float32) uint16 {
-	u := math.Float32bits(f)
-	if u&0x7fffffff > 0x7f800000 {
-		return uint16(u>>16) | 0x40
-	}
-	u += 0x7fff + (u>>16)&1
-	return uint16(u >> 16)
-}
+// Float32ToBF16 rounds f to the nearest bfloat16, ties to even; NaNs stay
+// NaN (numeric.Float32ToBF16).
+func Float32ToBF16(f float32) uint16 { return numeric.Float32ToBF16(f) }
 
 // ChunkBounds returns the element range [lo, hi) of chunk i when n elements
 // are split into parts chunks: lo = i*n/parts, hi = (i+1)*n/parts. Chunks

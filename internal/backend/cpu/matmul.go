@@ -49,10 +49,22 @@ func gemmSpans(op string, transA, transB bool, m, n, k, lda, ldb, ldc int) (sa, 
 }
 
 // Gemm computes C = alpha*op(A)*op(B) + beta*C with gemm.Sgemm on all
-// workers.
+// workers, or with gemm.GemmBF16 when A or B is bfloat16: then both
+// operands are multiplied as bfloat16 (a float32 one rounded to nearest
+// even while it is packed) with float32 accumulation into the float32 C.
 func (b *Backend) Gemm(transA, transB bool, m, n, k int, alpha float32, a backend.Tensor, lda int, bm backend.Tensor, ldb int, beta float32, c backend.Tensor, ldc int) {
 	const op = "Gemm"
 	sa, sb, sc := gemmSpans(op, transA, transB, m, n, k, lda, ldb, ldc)
+	if isBF16(a) || isBF16(bm) {
+		ao := gemmOperand(op, "a", a, sa)
+		bo := gemmOperand(op, "b", bm, sb)
+		cs := f32n(op, "c", c, sc)
+		if m == 0 || n == 0 {
+			return
+		}
+		gemm.GemmBF16(b.pool, transA, transB, m, n, k, alpha, ao, lda, bo, ldb, beta, cs, ldc)
+		return
+	}
 	as := f32n(op, "a", a, sa)
 	bs := f32n(op, "b", bm, sb)
 	cs := f32n(op, "c", c, sc)
@@ -60,6 +72,23 @@ func (b *Backend) Gemm(transA, transB bool, m, n, k int, alpha float32, a backen
 		return
 	}
 	gemm.Sgemm(b.pool, transA, transB, m, n, k, alpha, as, lda, bs, ldb, beta, cs, ldc)
+}
+
+// isBF16 reports whether t is a view of bfloat16 memory.
+func isBF16(t backend.Tensor) bool { return t.Mem != nil && t.Mem.DType == backend.BFloat16 }
+
+// gemmOperand returns the first n elements of t, float32 or bfloat16, as
+// an operand of gemm.GemmBF16, panicking if it holds fewer or has another
+// dtype.
+func gemmOperand(op, name string, t backend.Tensor, n int) gemm.Operand {
+	if !isBF16(t) {
+		return gemm.F32(f32n(op, name, t, n))
+	}
+	x := u16(op, name, t)
+	if n < 0 || len(x) < n {
+		panic(fmt.Sprintf("cpu: %s: %s has %d elements, need %d", op, name, len(x), n))
+	}
+	return gemm.BF16(x[:n:n])
 }
 
 // GemmStridedBatched runs batch independent Gemms with

@@ -23,6 +23,8 @@ import (
 	"math"
 	"os"
 	"sort"
+
+	"github.com/titan-go/titan/internal/numeric"
 )
 
 // DType is a safetensors element type, spelled as in the header ("F32").
@@ -294,19 +296,14 @@ func decodeF16(dst []float32, src []byte) {
 	}
 }
 
-// BF16ToFloat32 widens a bfloat16 bit pattern exactly.
-func BF16ToFloat32(b uint16) float32 { return math.Float32frombits(uint32(b) << 16) }
+// BF16ToFloat32 widens a bfloat16 bit pattern exactly
+// (numeric.BF16ToFloat32).
+func BF16ToFloat32(b uint16) float32 { return numeric.BF16ToFloat32(b) }
 
-// Float32ToBF16 rounds x to the nearest bfloat16, ties to even. Values
-// beyond the largest bfloat16 round to infinity; NaNs stay NaN (quiet).
-func Float32ToBF16(x float32) uint16 {
-	u := math.Float32bits(x)
-	if u&0x7fffffff > 0x7f800000 { // NaN: keep sign and set the quiet bit
-		return uint16(u>>16) | 0x0040
-	}
-	u += 0x7fff + (u>>16)&1
-	return uint16(u >> 16)
-}
+// Float32ToBF16 rounds x to the nearest bfloat16, ties to even
+// (numeric.Float32ToBF16). Values beyond the largest bfloat16 round to
+// infinity; NaNs stay NaN (quiet).
+func Float32ToBF16(x float32) uint16 { return numeric.Float32ToBF16(x) }
 
 // F16ToFloat32 widens an IEEE 754 half-precision bit pattern exactly.
 func F16ToFloat32(h uint16) float32 {

@@ -28,6 +28,7 @@ type plan struct {
 	m, n, k        int
 	alpha, beta    float32
 	a, b, c        []float32
+	ah, bh         []uint16 // A and B when they are bfloat16 (a, b nil)
 	lda, ldb, ldc  int
 
 	kc, nc    int // K step and N block
@@ -77,21 +78,23 @@ const (
 )
 
 // newPlan prepares a multiplication of checked operands with at most
-// threads workers.
-func newPlan(kern *kernel, threads int, transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) *plan {
+// threads workers. Each operand is given as float32 or, only for the
+// kernels of GemmBF16, as bfloat16 (ah, bh), the other slice nil.
+func newPlan(kern *kernel, threads int, transA, transB bool, m, n, k int, alpha float32, a []float32, ah []uint16, lda int, b []float32, bh []uint16, ldb int, beta float32, c []float32, ldc int) *plan {
 	pl := planPool.Get().(*plan)
 	pl.kern = kern
 	pl.transA, pl.transB = transA, transB
 	pl.m, pl.n, pl.k = m, n, k
 	pl.alpha, pl.beta = alpha, beta
-	pl.a, pl.lda = a, lda
-	pl.b, pl.ldb = b, ldb
+	pl.a, pl.ah, pl.lda = a, ah, lda
+	pl.b, pl.bh, pl.ldb = b, bh, ldb
 	pl.c, pl.ldc = c, ldc
 
 	mr, nr := kern.mr, kern.nr
+	kw := kern.words(k) // packed depth of all of K
 	// Balanced K steps: k = kc+1 runs as two steps of about k/2.
-	pl.kc = balance(k, kern.kc, 1)
-	pl.nc = balance(n, max(nr, packedBFloats/k/nr*nr), nr)
+	pl.kc = balance(k, kern.kc, kern.kpack)
+	pl.nc = balance(n, max(nr, packedBFloats/kw/nr*nr), nr)
 	pl.packGroup = packChunkPanels
 
 	mb := (m + mr - 1) / mr
@@ -114,16 +117,16 @@ func newPlan(kern *kernel, threads int, transA, transB bool, m, n, k int, alpha 
 		}
 	}
 
-	pl.bbuf = getBuffer(&bPool, k*np*nr)
+	pl.bbuf = getBuffer(&bPool, kw*np*nr)
 	// Packing A whole saves work when items would pack the same rows
 	// more than once: for several column groups or several N blocks.
 	// Otherwise an item's freshly packed rows are still in L2 when used.
-	if (pl.colGroups > 1 || pl.nc < n) && mb*mr*k <= packedAFloats {
-		pl.apk = getBuffer(&bPool, mb*mr*k)
+	if (pl.colGroups > 1 || pl.nc < n) && mb*mr*kw <= packedAFloats {
+		pl.apk = getBuffer(&bPool, mb*mr*kw)
 	} else {
 		rows := (mb + pl.rowBlocks - 1) / pl.rowBlocks * mr
 		for w := 0; w < pl.nt; w++ {
-			pl.abuf = append(pl.abuf, getBuffer(&aPool, pl.kc*rows))
+			pl.abuf = append(pl.abuf, getBuffer(&aPool, kern.words(pl.kc)*rows))
 		}
 	}
 	for _, ctr := range []*paddedCounter{&pl.packNext, &pl.packDone, &pl.itemNext, &pl.itemDone} {
@@ -157,7 +160,7 @@ func (pl *plan) release() {
 		pl.abuf[i] = nil
 	}
 	pl.abuf = pl.abuf[:0]
-	pl.a, pl.b, pl.c = nil, nil, nil
+	pl.a, pl.b, pl.c, pl.ah, pl.bh = nil, nil, nil, nil, nil
 	planPool.Put(pl)
 }
 
@@ -198,17 +201,19 @@ func (pl *plan) work(w int) {
 				step, g := i/chunksPerStep, i%chunksPerStep
 				pc := step * kc
 				kcur := min(kc, k-pc)
+				kw := kern.words(kcur)
 				jp0, jp1 := g*pl.packGroup, min(np, (g+1)*pl.packGroup)
-				off := pc * np * nr
-				pl.packB(bb[off+jp0*kcur*nr:off+jp1*kcur*nr], pc, kcur, jc+jp0*nr, min(jp1*nr, ncur)-jp0*nr)
+				off := kern.words(pc) * np * nr
+				pl.packB(bb[off+jp0*kw*nr:off+jp1*kw*nr], pc, kcur, jc+jp0*nr, min(jp1*nr, ncur)-jp0*nr)
 			} else {
 				i -= kb * chunksPerStep
 				step, g := i/aChunksPerStep, i%aChunksPerStep
 				pc := step * kc
 				kcur := min(kc, k-pc)
+				kw := kern.words(kcur)
 				ib0, ib1 := g*pl.packGroup, min(mb, (g+1)*pl.packGroup)
-				off := pc * mb * mr
-				pl.packA(pl.apk.f[off+ib0*mr*kcur:off+ib1*mr*kcur], ib0*mr, min(ib1*mr, pl.m)-ib0*mr, pc, kcur)
+				off := kern.words(pc) * mb * mr
+				pl.packA(pl.apk.f[off+ib0*mr*kw:off+ib1*mr*kw], ib0*mr, min(ib1*mr, pl.m)-ib0*mr, pc, kcur)
 			}
 			pl.packDone.Add(1)
 		}
@@ -251,9 +256,10 @@ func (pl *plan) item(abuf []float32, rb, cg, jc, ncur int) {
 	bb := pl.bbuf.f
 	for pc := 0; pc < pl.k; pc += pl.kc {
 		kcur := min(pl.kc, pl.k-pc)
+		kw := kern.words(kcur)
 		if pl.apk != nil {
-			off := pc*mb*mr + r0*kcur
-			abuf = pl.apk.f[off : off+roundUp(rows, mr)*kcur]
+			off := kern.words(pc)*mb*mr + r0*kw
+			abuf = pl.apk.f[off : off+roundUp(rows, mr)*kw]
 		} else {
 			pl.packA(abuf, r0, rows, pc, kcur)
 		}
@@ -261,13 +267,13 @@ func (pl *plan) item(abuf []float32, rb, cg, jc, ncur int) {
 		if pc > 0 {
 			beta = 1
 		}
-		off := pc * np * nr
+		off := kern.words(pc) * np * nr
 		for jp := q0; jp < q1; jp++ {
 			j := jc + jp*nr
 			cols := min(nr, jc+ncur-j)
-			bp := bb[off+jp*kcur*nr : off+(jp+1)*kcur*nr]
+			bp := bb[off+jp*kw*nr : off+(jp+1)*kw*nr]
 			for ir := 0; ir < rows; ir += mr {
-				kern.micro(kcur, abuf[ir*kcur:(ir+mr)*kcur], bp, pl.c[(r0+ir)*pl.ldc+j:],
+				kern.micro(kw, abuf[ir*kw:(ir+mr)*kw], bp, pl.c[(r0+ir)*pl.ldc+j:],
 					pl.ldc, pl.alpha, beta, min(mr, rows-ir), cols)
 			}
 		}
@@ -301,12 +307,24 @@ func waitFor(ctr *paddedCounter, target int64) {
 func (pl *plan) packA(dst []float32, i0, rows, p0, kc int) {
 	kern := pl.kern
 	mr := kern.mr
+	if pl.ah != nil {
+		kw := kern.words(kc)
+		if pl.transA {
+			kern.copyPackBF16(dst, pl.ah[p0*pl.lda+i0:], pl.lda, mr, kc, rows)
+			return
+		}
+		for ir := 0; ir < rows; ir += mr {
+			kern.transPackBF16(dst[ir*kw:(ir+mr)*kw], pl.ah[(i0+ir)*pl.lda+p0:], pl.lda, min(mr, rows-ir), mr, kc)
+		}
+		return
+	}
 	if pl.transA {
 		kern.copyPack(dst, pl.a[p0*pl.lda+i0:], pl.lda, mr, kc, rows)
 		return
 	}
+	kw := kern.words(kc)
 	for ir := 0; ir < rows; ir += mr {
-		kern.transPack(dst[ir*kc:(ir+mr)*kc], pl.a[(i0+ir)*pl.lda+p0:], pl.lda, min(mr, rows-ir), mr, kc)
+		kern.transPack(dst[ir*kw:(ir+mr)*kw], pl.a[(i0+ir)*pl.lda+p0:], pl.lda, min(mr, rows-ir), mr, kc)
 	}
 }
 
@@ -315,12 +333,23 @@ func (pl *plan) packA(dst []float32, i0, rows, p0, kc int) {
 func (pl *plan) packB(dst []float32, p0, kc, j0, cols int) {
 	kern := pl.kern
 	nr := kern.nr
+	kw := kern.words(kc)
+	if pl.bh != nil {
+		if !pl.transB {
+			kern.copyPackBF16(dst, pl.bh[p0*pl.ldb+j0:], pl.ldb, nr, kc, cols)
+			return
+		}
+		for jr := 0; jr < cols; jr += nr {
+			kern.transPackBF16(dst[jr*kw:(jr+nr)*kw], pl.bh[(j0+jr)*pl.ldb+p0:], pl.ldb, min(nr, cols-jr), nr, kc)
+		}
+		return
+	}
 	if !pl.transB {
 		kern.copyPack(dst, pl.b[p0*pl.ldb+j0:], pl.ldb, nr, kc, cols)
 		return
 	}
 	for jr := 0; jr < cols; jr += nr {
-		kern.transPack(dst[jr*kc:(jr+nr)*kc], pl.b[(j0+jr)*pl.ldb+p0:], pl.ldb, min(nr, cols-jr), nr, kc)
+		kern.transPack(dst[jr*kw:(jr+nr)*kw], pl.b[(j0+jr)*pl.ldb+p0:], pl.ldb, min(nr, cols-jr), nr, kc)
 	}
 }
 

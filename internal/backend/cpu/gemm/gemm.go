@@ -9,6 +9,12 @@
 // chosen at run time from the CPU features (AVX-512, AVX2+FMA, or portable
 // Go); see Kernels and SetKernel.
 //
+// GemmBF16 is the same multiplication on bfloat16 operands with float32
+// accumulation, through the same driver: on CPUs with AVX512_BF16 a
+// VDPBF16PS micro-kernel whose packing rounds float32 operands to
+// bfloat16 (or copies bfloat16 ones), elsewhere the float32 kernels on
+// operands rounded the same way; see BF16Kernels and SetBF16Kernel.
+//
 // Multiplications big enough to pay for it run on all workers of the
 // given pool: the workers pack the B panel together, share it, and claim
 // blocks of C one at a time, so that a worker slowed down by the rest of
@@ -41,11 +47,12 @@ func Sgemm(p *workpool.Pool, transA, transB bool, m, n, k int, alpha float32, a 
 	if p != nil {
 		threads = p.Size()
 	}
-	gemm(p, threads, active.Load(), transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+	gemm(p, threads, active.Load(), transA, transB, m, n, k, alpha, a, nil, lda, b, nil, ldb, beta, c, ldc)
 }
 
 // gemm runs one checked multiplication with up to threads workers of p.
-func gemm(p *workpool.Pool, threads int, kern *kernel, transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+// A is a, or ah when it is bfloat16 (a nil), and likewise for B.
+func gemm(p *workpool.Pool, threads int, kern *kernel, transA, transB bool, m, n, k int, alpha float32, a []float32, ah []uint16, lda int, b []float32, bh []uint16, ldb int, beta float32, c []float32, ldc int) {
 	if m == 0 || n == 0 {
 		return
 	}
@@ -53,7 +60,7 @@ func gemm(p *workpool.Pool, threads int, kern *kernel, transA, transB bool, m, n
 		scale(m, n, beta, c, ldc)
 		return
 	}
-	pl := newPlan(kern, threads, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+	pl := newPlan(kern, threads, transA, transB, m, n, k, alpha, a, ah, lda, b, bh, ldb, beta, c, ldc)
 	if pl.nt > 1 {
 		p.Run(pl.workFn)
 	} else {

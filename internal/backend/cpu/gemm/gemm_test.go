@@ -135,6 +135,12 @@ func (pr *problem) reference(c0 []float32) (want, scale []float64) {
 // which must be untouched.
 func (pr *problem) check(t *testing.T, got []float32, want, scale []float64) {
 	t.Helper()
+	pr.checkTol(t, got, want, scale, relTol)
+}
+
+// checkTol is check with the tolerance relTol relative to the scale.
+func (pr *problem) checkTol(t *testing.T, got []float32, want, scale []float64, relTol float64) {
+	t.Helper()
 	bad := 0
 	for idx, w := range want {
 		g := float64(got[idx])
@@ -466,7 +472,7 @@ func TestPlanSplit(t *testing.T) {
 		{2, 300, 300, 1000, func(pl *plan) bool { return pl.kc*((pl.k+pl.kc-1)/pl.kc) >= pl.k && pl.kc <= kern.kc }, "balanced K steps"},
 	}
 	for _, tc := range cases {
-		pl := newPlan(kern, tc.threads, false, false, tc.m, tc.n, tc.k, 1, nil, tc.k, nil, tc.n, 0, nil, tc.n)
+		pl := newPlan(kern, tc.threads, false, false, tc.m, tc.n, tc.k, 1, nil, nil, tc.k, nil, nil, tc.n, 0, nil, tc.n)
 		if !tc.check(pl) {
 			t.Errorf("%s m=%d n=%d k=%d threads=%d: got nt=%d kc=%d nc=%d rowBlocks=%d colGroups=%d, want %s",
 				kern.name, tc.m, tc.n, tc.k, tc.threads, pl.nt, pl.kc, pl.nc, pl.rowBlocks, pl.colGroups, tc.want)

@@ -13,18 +13,27 @@ import (
 // column p of the tile's rows stored at [p*mr, p*mr+mr); a B micro-panel
 // holds kc×nr floats, row p of the tile's columns stored at
 // [p*nr, p*nr+nr). Rows or columns past the edge of the matrix are zero.
+//
+// The bfloat16 kernel (kpack = 2) packs the same way with pairs: each
+// 32-bit element of a micro-panel holds the bfloat16 values of columns
+// (A) or rows (B) 2p and 2p+1, so that a kc-deep panel has ceil(kc/2)
+// rows of words; packed buffers stay []float32, as words.
 type kernel struct {
 	name   string
 	mr, nr int
 	// kc and mc are the cache blocking: a kc×nr B micro-panel stays in
 	// L1 while the micro-kernel sweeps it with the mr-row micro-panels of
-	// an at most mc×kc packed A block held in L2.
+	// an at most mc×kc packed A block held in L2. kc counts elements of
+	// K, a multiple of kpack.
 	kc, mc int
+	// kpack is how many consecutive elements of K one packed 32-bit word
+	// holds: 1 (float32) or 2 (a bfloat16 pair).
+	kpack int
 
 	// micro computes C[0:rows, 0:cols] = alpha*A·B + beta*C from the packed
-	// micro-panels a (kc×mr) and b (kc×nr); c starts at the tile's first
-	// element and has row stride ldc. beta == 0 ignores the old C.
-	micro func(kc int, a, b, c []float32, ldc int, alpha, beta float32, rows, cols int)
+	// micro-panels a (kw×mr words) and b (kw×nr); c starts at the tile's
+	// first element and has row stride ldc. beta == 0 ignores the old C.
+	micro func(kw int, a, b, c []float32, ldc int, alpha, beta float32, rows, cols int)
 
 	// transPack stores dst[p*lanes+r] = src[r*ld+p] for p < kc, r < rows,
 	// and zero for rows <= r < lanes.
@@ -34,11 +43,20 @@ type kernel struct {
 	// panel q, dst[(q*kc+p)*lanes+r] = src[p*ld+q*lanes+r] when
 	// q*lanes+r < cols, else 0.
 	copyPack func(dst, src []float32, ld, lanes, kc, cols int)
+
+	// transPackBF16 and copyPackBF16 are transPack and copyPack from
+	// bfloat16 sources; only the kernels of GemmBF16 have them.
+	transPackBF16 func(dst []float32, src []uint16, ld, rows, lanes, kc int)
+	copyPackBF16  func(dst []float32, src []uint16, ld, lanes, kc, cols int)
 }
+
+// words is the number of packed rows of words a depth of kc elements of
+// K occupies.
+func (k *kernel) words(kc int) int { return (kc + k.kpack - 1) / k.kpack }
 
 // kernels lists the kernels this machine supports, fastest first.
 var kernels = append(archKernels(), &kernel{
-	name: "generic", mr: 4, nr: 4, kc: 256, mc: 128,
+	name: "generic", mr: 4, nr: 4, kc: 256, mc: 128, kpack: 1,
 	micro: microGeneric, transPack: transPackGo, copyPack: copyPackGo,
 })
 

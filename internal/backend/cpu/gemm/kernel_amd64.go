@@ -52,13 +52,13 @@ func archKernels() []*kernel {
 	var fast []*kernel
 	if cpu.X86.HasAVX512F && cpu.X86.HasAVX2 && cpu.X86.HasFMA {
 		fast = append(fast, &kernel{
-			name: "avx512", mr: avx512MR, nr: avx512NR, kc: 256, mc: 336,
+			name: "avx512", mr: avx512MR, nr: avx512NR, kc: 256, mc: 336, kpack: 1,
 			micro: microAVX512, transPack: transPackAVX512, copyPack: copyPackAVX512,
 		})
 	}
 	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
 		fast = append(fast, &kernel{
-			name: "avx2", mr: avx2MR, nr: avx2NR, kc: 256, mc: 144,
+			name: "avx2", mr: avx2MR, nr: avx2NR, kc: 256, mc: 144, kpack: 1,
 			micro: microAVX2, transPack: transPackGo, copyPack: copyPackGo,
 		})
 	}
