@@ -227,7 +227,7 @@ var keyTable = map[string]keyCheck{
 			t.Errorf("log_freq 5 over 3 steps logged %d steps, want 2", n)
 		}
 	}},
-	"metrics.enable_tensorboard": {refuse: "true"},
+	"metrics.enable_tensorboard": {coveredBy: "TestTensorBoardMatchesMetrics"},
 	"metrics.disable_color_printing": {check: func(t *testing.T, h *keysHarness) {
 		// CLICOLOR_FORCE colours the line as a terminal would; the key
 		// takes the colour away.
@@ -240,7 +240,12 @@ var keyTable = map[string]keyCheck{
 			t.Errorf("metrics.disable_color_printing=true: the log is coloured:\n%q", out)
 		}
 	}},
-	"metrics.save_tb_folder": {refuse: "elsewhere"},
+	"metrics.save_tb_folder": {check: func(t *testing.T, h *keysHarness) {
+		r := h.ok(t, "metrics.enable_tensorboard=true", "metrics.save_tb_folder=elsewhere")
+		r.exists(t, "elsewhere", true)
+		r.exists(t, "tb", false)
+		h.fails(t, "metrics.save_tb_folder", "metrics.enable_tensorboard=true", "metrics.save_tb_folder=")
+	}},
 	"metrics.enable_db": {check: func(t *testing.T, h *keysHarness) {
 		on := filepath.Join(t.TempDir(), "on.db")
 		h.ok(t, "metrics.db="+on)

@@ -826,7 +826,6 @@ func TestUnsupportedValuesAreRefused(t *testing.T) {
 		{"model.converters", func(j *Job) { j.Model.Converters = []string{"float8"} }, "[]"},
 		{"profiling.enable_profiling", func(j *Job) { j.Profiling.EnableProfiling = true }, "false"},
 		{"profiling.enable_memory_snapshot", func(j *Job) { j.Profiling.EnableMemorySnapshot = true }, "false"},
-		{"metrics.enable_tensorboard", func(j *Job) { j.Metrics.EnableTensorboard = true }, "false"},
 		{"checkpoint.async_mode", func(j *Job) { j.Checkpoint.AsyncMode = "async" }, `"disabled"`},
 		{"checkpoint.async_mode", func(j *Job) { j.Checkpoint.AsyncMode = "async_with_pinned_mem" }, `"disabled"`},
 		{"checkpoint.last_save_in_hf", func(j *Job) { j.Checkpoint.LastSaveInHF = true }, "false"},

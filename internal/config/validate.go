@@ -177,8 +177,9 @@ func (j *Job) Validate() error {
 	v.unchanged("profiling.save_memory_snapshot_folder", p.SaveMemorySnapshotFolder, d.Profiling.SaveMemorySnapshotFolder, "memory snapshots")
 
 	v.atLeast("metrics.log_freq", j.Metrics.LogFreq, 1)
-	v.off("metrics.enable_tensorboard", j.Metrics.EnableTensorboard)
-	v.unchanged("metrics.save_tb_folder", j.Metrics.SaveTBFolder, d.Metrics.SaveTBFolder, "TensorBoard")
+	if j.Metrics.EnableTensorboard {
+		v.notEmpty("metrics.save_tb_folder", j.Metrics.SaveTBFolder)
+	}
 	if db := j.Metrics.DB; strings.Contains(db, "://") && !strings.HasPrefix(db, "postgres://") && !strings.HasPrefix(db, "postgresql://") {
 		v.fail("metrics.db", db, "want a SQLite file path or a postgres:// (postgresql://) URL")
 	}

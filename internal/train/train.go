@@ -352,8 +352,11 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 	if tr.dist.Rank != 0 && !job.Metrics.SaveForAllRanks {
 		folder = "" // one metrics.jsonl per job, written by rank 0
 	}
-	tr.log, err = metrics.OpenWith(folder, tr.out, job.Training.Steps, metrics.Options{
-		Rank: tr.dist.Rank, SaveForAllRanks: job.Metrics.SaveForAllRanks, DisableColor: job.Metrics.DisableColorPrinting})
+	mo := metrics.Options{Rank: tr.dist.Rank, SaveForAllRanks: job.Metrics.SaveForAllRanks, DisableColor: job.Metrics.DisableColorPrinting}
+	if job.Metrics.EnableTensorboard {
+		mo.TensorBoardFolder = job.Metrics.SaveTBFolder
+	}
+	tr.log, err = metrics.OpenWith(folder, tr.out, job.Training.Steps, mo)
 	if err != nil {
 		return err
 	}
