@@ -53,8 +53,8 @@ type Writer struct {
 	f    *os.File
 	path string
 	buf  *bufio.Writer
-	pb  []byte // scratch: the serialized Event
-	rec []byte // scratch: the framed record
+	pb   []byte // scratch: the serialized Event
+	rec  []byte // scratch: the framed record
 }
 
 var fileSeq atomic.Int64
