@@ -6,10 +6,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/titan-go/titan/internal/metrics"
+	"github.com/titan-go/titan/internal/straggler"
 	"github.com/titan-go/titan/internal/testenv"
 )
 
@@ -159,4 +163,30 @@ func TestTensorBoardAllRanks(t *testing.T) {
 		t.Errorf("without save_for_all_ranks: %d event files, want rank 0's alone", len(files))
 	}
 	sameAsJSONL(t, filepath.Join(one, "tb"), filepath.Join(one, "metrics.jsonl"))
+}
+
+// TestStragglerNamed: in a 4-process run where the test hook
+// TITAN_TEST_SLOW_RANK makes rank 1 sleep 150 ms of every step, rank 0's
+// log names rank 1, its host and its ratio to the median within 5 steps
+// (the detector needs straggler.DefaultSteps = 3 in a row).
+func TestStragglerNamed(t *testing.T) {
+	t.Setenv(straggler.EnvSlowRank, "1:150")
+	dump := t.TempDir()
+	out, err := titan(t, append(set(tinyRun(dump, corpus(t), 6), "checkpoint.enable=false", "training.local_batch_size=1"), "--nproc", "4")...)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	host, _ := os.Hostname()
+	re := regexp.MustCompile(`straggler: rank 1 on (\S+) computed ([0-9.]+)x the median step \((\S+) vs (\S+) at step (\d+), (\d+) steps in a row\)`)
+	m := re.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no straggler line naming rank 1:\n%s", out)
+	}
+	ratio, _ := strconv.ParseFloat(m[2], 64)
+	slow, err1 := time.ParseDuration(m[3])
+	step, _ := strconv.Atoi(m[5])
+	if m[1] != host || ratio <= straggler.DefaultFactor || err1 != nil || slow < 150*time.Millisecond || step > 5 || m[6] != "3" {
+		t.Errorf("straggler line %q: host %s (want %s), ratio %v, compute %v (want >= 150ms), step %d (want <= 5)", m[0], m[1], host, ratio, slow, step)
+	}
+	t.Logf("%s", m[0])
 }

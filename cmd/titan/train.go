@@ -78,7 +78,7 @@ worker and no flag is needed.`,
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			cs := commSettingsOf(job)
-			err = lf.distributed(ctx, os.Stdout, cs, func(w *launch.Worker) error {
+			err = lf.distributed(ctx, cmd.OutOrStdout(), cs, func(w *launch.Worker) error {
 				if w == nil || w.Rank == 0 {
 					if err := job.SaveConfigFile(); err != nil { // job.save_config_file
 						return err

@@ -111,11 +111,9 @@ func (w *Work) finish(err error) {
 }
 
 // Wait blocks until the operation completed and returns its error. The
-// operation's buffers may be used again once Wait returned.
-func (w *Work) Wait() error {
-	<-w.done
-	return w.err
-}
+// operation's buffers may be used again once Wait returned. The time it
+// blocks counts in BlockedTime.
+func (w *Work) Wait() error { return w.waitBlocked() }
 
 // Done is closed when the operation completed.
 func (w *Work) Done() <-chan struct{} { return w.done }
@@ -443,7 +441,11 @@ func overlapsBadly(full, part Buffer, size, rank int) bool {
 // do runs a request synchronously: on the calling goroutine when the group
 // has nothing else queued (saving two goroutine hand-offs), else queued.
 func (g *group) do(ctx context.Context, r *request) error {
-	return g.submitMode(ctx, r, true).Wait()
+	start := time.Now()
+	w := g.submitMode(ctx, r, true)
+	<-w.done
+	blockedNanos.Add(int64(time.Since(start)))
+	return w.err
 }
 
 func (g *group) submit(ctx context.Context, r *request) *Work {

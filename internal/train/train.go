@@ -67,6 +67,8 @@ type Trainer struct {
 	fam   model.Family
 	eng   parallel.Engine
 	pplan parallel.PipelinePlan
+	// obs follows the ranks' step times (observe.go).
+	obs *observer
 }
 
 // Device is the compute device a trainer runs on; the caller (cmd/titan)
@@ -378,6 +380,9 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 	for _, w := range memplan.Warnings(job) {
 		tr.log.Printf("titan: warning: %s", w)
 	}
+	if tr.obs, err = tr.newObserver(); err != nil {
+		return err
+	}
 	watch := memplan.NewLossWatch(tr.fam.VocabSize(), job.Optimizer.LR)
 	tr.logNotes()
 	if tr.Step > 0 {
@@ -407,10 +412,12 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 			}
 			return context.Canceled
 		}
+		tr.obs.begin()
 		loss, gnorm, lr, err := tr.TrainStep()
 		if err != nil {
 			return fmt.Errorf("step %d: %w", tr.Step+1, err)
 		}
+		tr.obs.end(tr.Step, loss)
 		if math.IsNaN(loss) || math.IsInf(loss, 0) {
 			return fmt.Errorf("step %d: loss is %v", tr.Step, loss)
 		}
@@ -495,16 +502,16 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 // context, which Ctrl-C cancels while ranks still have to agree to stop.
 var commCtx = context.Background()
 
-// agree reports whether any rank wants to stop.
+// agree reports whether any rank wants to stop. The same all-reduce
+// brings every rank's figures of the previous step to rank 0 (observer).
 func (tr *Trainer) agree(stop bool) (bool, error) {
-	if tr.dist.World == 1 {
-		return stop, nil
+	v := tr.obs.pack(stop)
+	if tr.dist.World > 1 {
+		if err := tr.dist.Group.AllReduce(commCtx, comm.F64(v), comm.Sum); err != nil {
+			return false, err
+		}
 	}
-	v := []float64{0}
-	if stop {
-		v[0] = 1
-	}
-	if err := tr.dist.Group.AllReduce(commCtx, comm.F64(v), comm.Sum); err != nil {
+	if err := tr.obs.received(v); err != nil {
 		return false, err
 	}
 	return v[0] > 0, nil
