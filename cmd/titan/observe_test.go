@@ -1,14 +1,19 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
+	"io"
 	"math"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -189,4 +194,189 @@ func TestStragglerNamed(t *testing.T) {
 		t.Errorf("straggler line %q: host %s (want %s), ratio %v, compute %v (want >= 150ms), step %d (want <= 5)", m[0], m[1], host, ratio, slow, step)
 	}
 	t.Logf("%s", m[0])
+}
+
+// syncBuffer is a bytes.Buffer safe to read while a run writes it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// promSample is one sample line of the Prometheus text format.
+type promSample struct {
+	name   string
+	labels map[string]string
+	value  float64
+}
+
+// parseProm parses the Prometheus text exposition format (version
+// 0.0.4): # HELP and # TYPE lines, then samples name{k="v",...} value. It
+// requires that every sample's family was declared by TYPE before it.
+func parseProm(t *testing.T, text string) []promSample {
+	t.Helper()
+	typed := map[string]string{}
+	var out []promSample
+	re := regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$`)
+	lre := regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"`)
+	for _, line := range strings.Split(strings.TrimSpace(text), "\n") {
+		if f := strings.Fields(line); len(f) >= 4 && f[0] == "#" && f[1] == "TYPE" {
+			typed[f[2]] = f[3]
+			continue
+		}
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		m := re.FindStringSubmatch(line)
+		if m == nil {
+			t.Fatalf("not a sample line: %q", line)
+		}
+		if typed[m[1]] == "" {
+			t.Errorf("sample %s before its # TYPE", m[1])
+		}
+		v, err := strconv.ParseFloat(m[3], 64)
+		if err != nil {
+			t.Fatalf("sample %q: %v", line, err)
+		}
+		s := promSample{name: m[1], labels: map[string]string{}, value: v}
+		for _, l := range lre.FindAllStringSubmatch(m[2], -1) {
+			s.labels[l[1]] = l[2]
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// TestLiveMetricsEndpoint: with --metrics-addr the launcher serves the
+// job's figures while it runs; a scrape during a 2-process run parses as
+// Prometheus text with the job's step, loss (equal to metrics.jsonl's of
+// that step), steps/s, tokens/s (steps/s times the tokens of a step), MFU
+// and each rank's step time, compute time and memory; --pprof workers
+// answer on the address they log. Afterwards the endpoint is gone; a
+// non-loopback address is refused before anything starts.
+func TestLiveMetricsEndpoint(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	dump := t.TempDir()
+	args := append(set(tinyRun(dump, corpus(t), 40), "checkpoint.enable=false", "training.local_batch_size=1"),
+		"--nproc", "2", "--metrics-addr", addr, "--pprof")
+	commandArgs = args
+	root := newRootCmd()
+	out := &syncBuffer{}
+	root.SetOut(out)
+	root.SetErr(out)
+	root.SetArgs(args)
+	done := make(chan error, 1)
+	go func() { done <- root.Execute() }()
+
+	var samples []promSample
+	pprofOK := false
+	pprofRE := regexp.MustCompile(`\[rank 1\] titan: pprof on (http://\S+/debug/pprof/)`)
+	deadline := time.Now().Add(2 * time.Minute)
+	step := 0.0
+poll:
+	for time.Now().Before(deadline) && (step < 3 || !pprofOK) {
+		select {
+		case err := <-done:
+			t.Fatalf("the run ended before the scrape (step %v, pprof %v): %v\n%s", step, pprofOK, err, out.String())
+		case <-time.After(30 * time.Millisecond):
+		}
+		if m := pprofRE.FindStringSubmatch(out.String()); m != nil && !pprofOK {
+			if resp, err := http.Get(m[1] + "cmdline"); err == nil {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				pprofOK = resp.StatusCode == 200 && strings.Contains(string(b), "train")
+			}
+		}
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain; version=0.0.4") {
+			t.Fatalf("Content-Type %q", ct)
+		}
+		s := parseProm(t, string(body))
+		for _, x := range s {
+			if x.name == "titan_step" {
+				step = x.value
+				if step >= 3 {
+					samples = s
+					continue poll
+				}
+			}
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if samples == nil || !pprofOK {
+		t.Fatalf("scraped no step >= 3 (last %v) or pprof unanswered (%v):\n%s", step, pprofOK, out.String())
+	}
+	if _, err := http.Get("http://" + addr + "/metrics"); err == nil {
+		t.Error("the endpoint still answers after the job")
+	}
+	host, _ := os.Hostname()
+	job := map[string]float64{}
+	ranks := map[string]map[string]float64{}
+	for _, s := range samples {
+		if s.labels["job_id"] == "" {
+			t.Errorf("%s without job_id", s.name)
+		}
+		if r, ok := s.labels["rank"]; ok {
+			if s.labels["host"] != host {
+				t.Errorf("%s rank %s host %q, want %q", s.name, r, s.labels["host"], host)
+			}
+			if ranks[r] == nil {
+				ranks[r] = map[string]float64{}
+			}
+			ranks[r][s.name] = s.value
+			continue
+		}
+		job[s.name] = s.value
+	}
+	rec := jsonlRecords(t, filepath.Join(dump, "metrics.jsonl"))[int(job["titan_step"])]
+	const tokensPerStep = 2 * 1 * 32
+	switch {
+	case job["titan_job_up"] != 1 || job["titan_steps_total_planned"] != 40:
+		t.Errorf("job metrics %v", job)
+	case rec == nil || job["titan_loss"] != rec["loss"]:
+		t.Errorf("titan_loss %v at step %v, metrics.jsonl %v", job["titan_loss"], job["titan_step"], rec["loss"])
+	case !(job["titan_steps_per_second"] > 0) || math.Abs(job["titan_tokens_per_second"]-tokensPerStep*job["titan_steps_per_second"]) > 1e-9*job["titan_tokens_per_second"]:
+		t.Errorf("steps/s %v, tokens/s %v", job["titan_steps_per_second"], job["titan_tokens_per_second"])
+	case !(job["titan_mfu_percent"] > 0):
+		t.Errorf("mfu %v", job["titan_mfu_percent"])
+	}
+	if len(ranks) != 2 {
+		t.Fatalf("per-rank metrics of %d ranks: %v", len(ranks), ranks)
+	}
+	for r, m := range ranks {
+		st, c, mem := m["titan_rank_step_seconds"], m["titan_rank_compute_seconds"], m["titan_rank_memory_bytes"]
+		if !(st > 0) || !(c > 0) || c > st || mem < 1<<20 {
+			t.Errorf("rank %s: step %v s, compute %v s, memory %v B", r, st, c, mem)
+		}
+	}
+	t.Logf("step %v: loss %v, %.2f steps/s, %.0f tokens/s, mfu %.2f%%; ranks %v", job["titan_step"], job["titan_loss"],
+		job["titan_steps_per_second"], job["titan_tokens_per_second"], job["titan_mfu_percent"], ranks)
+
+	if out, err := titan(t, append(tinyRun(t.TempDir(), corpus(t), 1), "--nproc", "2", "--metrics-addr", "0.0.0.0:0")...); err == nil ||
+		!strings.Contains(err.Error(), "--metrics-addr") || !strings.Contains(err.Error(), "loopback") {
+		t.Errorf("non-loopback --metrics-addr: %v\n%s", err, out)
+	}
 }

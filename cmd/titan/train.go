@@ -14,6 +14,7 @@ import (
 	"github.com/titan-go/titan/internal/backend/cpu/gemm"
 	"github.com/titan-go/titan/internal/config"
 	"github.com/titan-go/titan/internal/launch"
+	"github.com/titan-go/titan/internal/livemetrics"
 	"github.com/titan-go/titan/internal/train"
 )
 
@@ -55,11 +56,19 @@ With --nproc N, titan starts N worker processes that split the CPU cores
 and train data parallel; --nnodes, --node-rank and --rdzv-endpoint span
 several machines as with torchrun. Under Slurm (srun) or with the env://
 variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE) every process is a
-worker and no flag is needed.`,
+worker and no flag is needed.
+
+--metrics-addr serves the job's live figures (steps/s, loss, tokens/s,
+MFU, each rank's step time, compute time and memory) in the Prometheus
+text format at http://ADDR/metrics while it runs; --pprof has every worker
+serve net/http/pprof on a loopback port it logs. Rank 0's log names a
+straggler: a rank whose compute time per step is over 1.5x the median
+for 3 steps in a row.`,
 		Example: `  titan train --recipe recipes/llama3_debug.toml
   titan train --recipe recipes/llama3_debug.toml --set training.steps=50 --set job.dump_folder=/tmp/run1
   TITAN_TRAINING_SEED=7 titan train --recipe recipes/llama3_tiny_bench.toml
   titan train --recipe recipes/llama3_debug.toml --nproc 2
+  titan train --recipe recipes/llama3_debug.toml --nproc 4 --metrics-addr 127.0.0.1:9400 --pprof
   titan train --recipe r.toml --nnodes 2 --node-rank 0 --rdzv-endpoint 10.0.0.1:29500 --nproc 8
   srun -n 4 titan train --recipe recipes/llama3_debug.toml`,
 		Args: cobra.NoArgs,
@@ -83,6 +92,11 @@ worker and no flag is needed.`,
 					if err := job.SaveConfigFile(); err != nil { // job.save_config_file
 						return err
 					}
+				}
+				if addr, err := livemetrics.StartPprof(); err != nil {
+					return err
+				} else if addr != "" {
+					fmt.Fprintf(cmd.OutOrStdout(), "titan: pprof on http://%s/debug/pprof/\n", addr)
 				}
 				var dist *train.Dist
 				threads := job.Training.Threads
@@ -108,6 +122,7 @@ worker and no flag is needed.`,
 	}
 	rf.register(cmd)
 	lf.register(cmd)
+	lf.registerObservability(cmd)
 	return cmd
 }
 

@@ -228,6 +228,11 @@ func (l *launcher) run(ctx context.Context) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	base := hostPeakEnv(os.Environ(), cpu.HostPeakFLOPS)
+	base, stopObs, err := l.observability(base, jobID)
+	if err != nil {
+		return err
+	}
+	defer stopObs()
 	for lr := range spec.NProcPerNode {
 		rank := spec.NodeRank*spec.NProcPerNode + lr
 		c := &child{rank: rank, localRank: lr}

@@ -199,16 +199,16 @@ func CheckLoopback(flag, addr string, public bool) error {
 	return nil
 }
 
-// Serve listens on addr and serves h until the listener is closed; it
-// returns the listener (its Addr is the port picked for ":0").
-func Serve(addr string, h http.Handler) (net.Listener, error) {
+// serve listens on addr and serves h until the server is closed; it
+// returns the server and its address (the port picked for ":0").
+func serve(addr string, h http.Handler) (*http.Server, string, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
-	return ln, nil
+	return srv, ln.Addr().String(), nil
 }
 
 // StartPprof serves net/http/pprof on the loopback address of EnvPprof, if
@@ -227,9 +227,44 @@ func StartPprof() (string, error) {
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	ln, err := Serve(addr, mux)
+	_, at, err := serve(addr, mux)
 	if err != nil {
 		return "", fmt.Errorf("%s=%s: %w", EnvPprof, addr, err)
 	}
-	return ln.Addr().String(), nil
+	return at, nil
+}
+
+// Server is a running metrics endpoint.
+type Server struct {
+	// File is the snapshot file rank 0 writes (pass it to the workers as
+	// EnvFile); Addr the address the endpoint listens on.
+	File, Addr string
+	srv        *http.Server
+	dir        string
+}
+
+// StartServer serves the job's live metrics on addr (loopback unless
+// public) at /metrics, from a snapshot file in a new temporary folder.
+func StartServer(addr, job string, public bool) (*Server, error) {
+	if err := CheckLoopback("--metrics-addr", addr, public); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "titan-live-")
+	if err != nil {
+		return nil, fmt.Errorf("livemetrics: %w", err)
+	}
+	s := &Server{File: filepath.Join(dir, "live.json"), dir: dir}
+	if s.srv, s.Addr, err = serve(addr, Handler(job, s.File)); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("--metrics-addr %s: %w", addr, err)
+	}
+	return s, nil
+}
+
+// Close stops the endpoint (its open connections too) and removes the
+// snapshot.
+func (s *Server) Close() error {
+	err := s.srv.Close()
+	os.RemoveAll(s.dir)
+	return err
 }
