@@ -212,12 +212,16 @@ var keyTable = map[string]keyCheck{
 		}
 		h.ok(t).exists(t, "saved.toml", false)
 	}},
-	// [profiling]: off and refused when on.
-	"profiling.enable_profiling":            {refuse: "true"},
-	"profiling.save_traces_folder":          {refuse: "elsewhere"},
-	"profiling.profile_freq":                {refuse: "5"},
-	"profiling.profiler_active":             {refuse: "2"},
-	"profiling.profiler_warmup":             {refuse: "4"},
+	// [profiling]: the trace keys (schedule and folder) in one run;
+	// memory snapshots not built yet, refused.
+	"profiling.enable_profiling":   {coveredBy: "TestProfilingTrace"},
+	"profiling.save_traces_folder": {coveredBy: "TestProfilingTrace"},
+	"profiling.profile_freq": {check: func(t *testing.T, h *keysHarness) {
+		h.ok(t, "profiling.enable_profiling=true", "profiling.profile_freq=3", "profiling.profiler_warmup=1").exists(t, "profile_traces/iteration_3/trace.json", true)
+		h.fails(t, "profiling.profile_freq", "profiling.enable_profiling=true", "profiling.profile_freq=2", "profiling.profiler_warmup=2")
+	}},
+	"profiling.profiler_active": {coveredBy: "TestProfilingTrace"},
+	"profiling.profiler_warmup": {coveredBy: "TestProfilingTrace"},
 	"profiling.enable_memory_snapshot":      {refuse: "true"},
 	"profiling.save_memory_snapshot_folder": {refuse: "elsewhere"},
 	// [metrics]

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"math"
 	"net"
@@ -378,5 +379,162 @@ poll:
 	if out, err := titan(t, append(tinyRun(t.TempDir(), corpus(t), 1), "--nproc", "2", "--metrics-addr", "0.0.0.0:0")...); err == nil ||
 		!strings.Contains(err.Error(), "--metrics-addr") || !strings.Contains(err.Error(), "loopback") {
 		t.Errorf("non-loopback --metrics-addr: %v\n%s", err, out)
+	}
+}
+
+// chromeTrace is the part of trace.json the profiling test reads.
+type chromeTrace struct {
+	TraceEvents []struct {
+		Name string         `json:"name"`
+		Cat  string         `json:"cat"`
+		Ph   string         `json:"ph"`
+		TS   float64        `json:"ts"`
+		Dur  float64        `json:"dur"`
+		PID  int            `json:"pid"`
+		TID  int            `json:"tid"`
+		Args map[string]any `json:"args"`
+	} `json:"traceEvents"`
+	OtherData struct {
+		Profiled []int `json:"profiled_steps"`
+		Warmup   []int `json:"warmup_steps"`
+	} `json:"otherData"`
+}
+
+// TestProfilingTrace: [profiling] on a PP2×FSDP2 job of 4 processes
+// (profile_freq 4, profiler_warmup 1, profiler_active 2 over 4 steps)
+// writes <dump>/<save_traces_folder>/iteration_4 with one merged trace of
+// steps 3 and 4 (step 2 warmed up, thrown away): a process per rank, each
+// rank's pipeline actions of its own stage with all 4 microbatches
+// forward and backward, FSDP all-gathers with their bytes overlapping the
+// rank's compute, pipeline bubbles on every rank; clocks aligned (the
+// second stage never starts a microbatch before the first stage has
+// finished it); the summary's classes add up to each step; the SVG and
+// PNG timelines exist.
+func TestProfilingTrace(t *testing.T) {
+	dump := t.TempDir()
+	args := append(set(tinyRun(dump, corpus(t), 4), "checkpoint.enable=false", "training.local_batch_size=4",
+		"parallelism.pipeline_parallel_degree=2", "parallelism.data_parallel_shard_degree=2", "parallelism.pipeline_parallel_microbatch_size=1",
+		"profiling.enable_profiling=true", "profiling.save_traces_folder=prof", "profiling.profile_freq=4",
+		"profiling.profiler_warmup=1", "profiling.profiler_active=2"), "--nproc", "4")
+	out, err := titan(t, args...)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	dir := filepath.Join(dump, "prof", "iteration_4")
+	raw, err := os.ReadFile(filepath.Join(dir, "trace.json"))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var tr chromeTrace
+	if err := json.Unmarshal(raw, &tr); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(tr.OtherData.Profiled) != "[3 4]" || fmt.Sprint(tr.OtherData.Warmup) != "[2]" {
+		t.Errorf("profiled steps %v, warmup %v; want [3 4], [2]", tr.OtherData.Profiled, tr.OtherData.Warmup)
+	}
+	type iv struct{ a, b float64 }
+	procs := map[int]string{}
+	stages := map[int]map[int]bool{}
+	actions := map[int]map[string]int{} // rank → "F"/"B" → count
+	steps := map[int]map[int]bool{}
+	gemm := map[int][]iv{}
+	gathers := map[int][]iv{}
+	firstF := map[[2]int]iv{} // stage, microbatch → earliest forward on any rank of the stage
+	bubbles := map[int]float64{}
+	for _, e := range tr.TraceEvents {
+		if e.Ph == "M" && e.Name == "process_name" {
+			procs[e.PID] = e.Args["name"].(string)
+			continue
+		}
+		if e.Ph != "X" {
+			continue
+		}
+		if steps[e.PID] == nil {
+			steps[e.PID], stages[e.PID], actions[e.PID] = map[int]bool{}, map[int]bool{}, map[string]int{}
+		}
+		steps[e.PID][int(e.Args["step"].(float64))] = true
+		switch e.Cat {
+		case "pipeline":
+			st, mb := int(e.Args["stage"].(float64)), int(e.Args["microbatch"].(float64))
+			stages[e.PID][st] = true
+			kind := strings.Fields(e.Name)[0]
+			actions[e.PID][kind]++
+			if kind == "F" && int(e.Args["step"].(float64)) == 4 {
+				k := [2]int{st, mb}
+				if cur, ok := firstF[k]; !ok || e.TS < cur.a {
+					firstF[k] = iv{e.TS, e.TS + e.Dur}
+				}
+			}
+		case "gemm":
+			gemm[e.PID] = append(gemm[e.PID], iv{e.TS, e.TS + e.Dur})
+		case "comm":
+			if e.Name == "all_gather" {
+				if b, _ := e.Args["bytes"].(float64); b <= 0 {
+					t.Errorf("rank %d: all_gather without bytes", e.PID)
+				}
+				gathers[e.PID] = append(gathers[e.PID], iv{e.TS, e.TS + e.Dur})
+			}
+		case "bubble":
+			bubbles[e.PID] += e.Dur
+		}
+	}
+	host, _ := os.Hostname()
+	for r := 0; r < 4; r++ {
+		if procs[r] != fmt.Sprintf("rank %d (%s)", r, host) {
+			t.Errorf("process %d named %q", r, procs[r])
+		}
+		if fmt.Sprint(steps[r]) != "map[3:true 4:true]" {
+			t.Errorf("rank %d: spans of steps %v, want 3 and 4", r, steps[r])
+		}
+		if len(stages[r]) != 1 || actions[r]["F"] != 8 || actions[r]["B"] != 8 {
+			t.Errorf("rank %d: stages %v, actions %v; want one stage, 4 microbatches × 2 steps forward and backward", r, stages[r], actions[r])
+		}
+		overlap := false
+		for _, g := range gathers[r] {
+			for _, c := range gemm[r] {
+				overlap = overlap || (g.a < c.b && c.a < g.b)
+			}
+		}
+		if len(gathers[r]) == 0 || !overlap {
+			t.Errorf("rank %d: %d all-gathers, none overlapping a GEMM", r, len(gathers[r]))
+		}
+		if bubbles[r] <= 0 {
+			t.Errorf("rank %d: no pipeline bubble", r)
+		}
+	}
+	// Clock alignment: stage 1 receives microbatch mb from stage 0.
+	for mb := 0; mb < 4; mb++ {
+		s0, ok0 := firstF[[2]int{0, mb}]
+		s1, ok1 := firstF[[2]int{1, mb}]
+		if !ok0 || !ok1 || s1.a < s0.b-1000 { // 1 ms of slack for the offsets' error
+			t.Errorf("microbatch %d: stage 1 starts its forward at %v µs, stage 0 ends it at %v µs", mb, s1.a, s0.b)
+		}
+	}
+	var sums []struct {
+		Step, Rank                            int
+		Total, Compute, Exposed, Bubble, Idle int64
+	}
+	raw, err = os.ReadFile(filepath.Join(dir, "summary.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &sums); err != nil {
+		t.Fatal(err)
+	}
+	if len(sums) != 8 {
+		t.Fatalf("%d summary rows, want 2 steps × 4 ranks", len(sums))
+	}
+	for _, s := range sums {
+		if s.Compute+s.Exposed+s.Bubble+s.Idle != s.Total || s.Compute <= 0 || s.Bubble <= 0 || s.Exposed <= 0 {
+			t.Errorf("summary %+v", s)
+		}
+	}
+	for _, f := range []string{"summary.txt", "timeline.svg", "timeline.png"} {
+		if st, err := os.Stat(filepath.Join(dir, f)); err != nil || st.Size() == 0 {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+	if !strings.Contains(out, "exposed comm ms") {
+		t.Errorf("the log lacks the summary table:\n%s", out)
 	}
 }

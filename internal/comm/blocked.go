@@ -3,6 +3,8 @@ package comm
 import (
 	"sync/atomic"
 	"time"
+
+	"github.com/titan-go/titan/internal/trace"
 )
 
 // blockedNanos is the time callers spent blocked on operations (see
@@ -26,6 +28,34 @@ func (w *Work) waitBlocked() error {
 	}
 	start := time.Now()
 	<-w.done
-	blockedNanos.Add(int64(time.Since(start)))
+	blocked(w.kind, start)
 	return w.err
+}
+
+// blocked counts the time since start in BlockedTime and, while a trace
+// records, as a wait span on the main track: a pipeline bubble for a
+// point-to-point transfer, exposed communication for a collective.
+func blocked(kind opKind, start time.Time) {
+	now := time.Now()
+	blockedNanos.Add(int64(now.Sub(start)))
+	if trace.Enabled() {
+		cat := trace.CatWait
+		if kind == opSend || kind == opRecv {
+			cat = trace.CatBubble
+		}
+		trace.Interval(cat, kind.String(), trace.MainTrack, start, now, 0)
+	}
+}
+
+// traceOp records an executed operation on its group's track while a
+// trace records, with its bytes.
+func (g *group) traceOp(r *request) {
+	if !trace.Enabled() || r.started.IsZero() {
+		return
+	}
+	var bytes int64
+	if r.kind != opBarrier {
+		bytes = int64(r.count()) * int64(r.dtype.Size())
+	}
+	trace.Interval(trace.CatComm, r.kind.String(), "comm "+g.name, r.started, time.Now(), bytes)
 }

@@ -101,6 +101,7 @@ func NewGroup(ctx context.Context, parent Group, ranks []int, name string) (Grou
 type Work struct {
 	done chan struct{}
 	err  error
+	kind opKind // for the trace's wait spans
 }
 
 func newWork() *Work { return &Work{done: make(chan struct{})} }
@@ -142,6 +143,7 @@ func (k opKind) String() string {
 
 type request struct {
 	kind       opKind
+	started    time.Time // when it began executing (the trace's span)
 	seq        uint64
 	dtype      DType
 	op         ReduceOp
@@ -444,7 +446,7 @@ func (g *group) do(ctx context.Context, r *request) error {
 	start := time.Now()
 	w := g.submitMode(ctx, r, true)
 	<-w.done
-	blockedNanos.Add(int64(time.Since(start)))
+	blocked(w.kind, start)
 	return w.err
 }
 
@@ -454,6 +456,7 @@ func (g *group) submit(ctx context.Context, r *request) *Work {
 
 func (g *group) submitMode(ctx context.Context, r *request, inline bool) *Work {
 	w := newWork()
+	w.kind = r.kind
 	r.work = w
 	if ctx == nil {
 		ctx = context.Background()
@@ -522,6 +525,7 @@ func (g *group) execute(r *request) {
 	} else {
 		g.hub.flight.start(r.rec)
 		start := time.Now()
+		r.started = start
 		deadline := start.Add(g.opts.Timeout)
 		switch {
 		case r.kind == opSend || r.kind == opRecv:
@@ -540,6 +544,7 @@ func (g *group) execute(r *request) {
 		r.stopCtx()
 	}
 	g.hub.flight.end(r.rec, err)
+	g.traceOp(r)
 	if r.kind != opSend && r.kind != opRecv {
 		g.mu.Lock()
 		g.pending--

@@ -168,12 +168,13 @@ func (j *Job) Validate() error {
 	// defaults, so that no setting of theirs is silently dropped.
 	d := Default()
 	v.off("parallelism.disable_loss_parallel", j.Parallelism.DisableLossParallel)
-	v.off("profiling.enable_profiling", p.EnableProfiling)
+	if p.EnableProfiling {
+		v.notEmpty("profiling.save_traces_folder", p.SaveTracesFolder)
+		if p.ProfileFreq >= 1 && p.ProfilerActive >= 1 && p.ProfilerWarmup >= 0 && p.ProfilerActive+p.ProfilerWarmup > p.ProfileFreq {
+			v.fail("profiling.profile_freq", p.ProfileFreq, "must be at least profiling.profiler_active %d + profiling.profiler_warmup %d (each window of profile_freq steps warms up, then records)", p.ProfilerActive, p.ProfilerWarmup)
+		}
+	}
 	v.off("profiling.enable_memory_snapshot", p.EnableMemorySnapshot)
-	v.unchanged("profiling.save_traces_folder", p.SaveTracesFolder, d.Profiling.SaveTracesFolder, "profiling")
-	v.unchanged("profiling.profile_freq", p.ProfileFreq, d.Profiling.ProfileFreq, "profiling")
-	v.unchanged("profiling.profiler_active", p.ProfilerActive, d.Profiling.ProfilerActive, "profiling")
-	v.unchanged("profiling.profiler_warmup", p.ProfilerWarmup, d.Profiling.ProfilerWarmup, "profiling")
 	v.unchanged("profiling.save_memory_snapshot_folder", p.SaveMemorySnapshotFolder, d.Profiling.SaveMemorySnapshotFolder, "memory snapshots")
 
 	v.atLeast("metrics.log_freq", j.Metrics.LogFreq, 1)

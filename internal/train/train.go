@@ -28,6 +28,7 @@ import (
 	"github.com/titan-go/titan/internal/parallel/fsdp"
 	"github.com/titan-go/titan/internal/runstore"
 	"github.com/titan-go/titan/internal/tokenizer"
+	"github.com/titan-go/titan/internal/trace"
 )
 
 // Trainer holds one run's state.
@@ -67,8 +68,10 @@ type Trainer struct {
 	fam   model.Family
 	eng   parallel.Engine
 	pplan parallel.PipelinePlan
-	// obs follows the ranks' step times (observe.go).
-	obs *observer
+	// obs follows the ranks' step times (observe.go), prof records
+	// the profiled steps (profile.go; nil without profiling).
+	obs  *observer
+	prof *profiler
 }
 
 // Device is the compute device a trainer runs on; the caller (cmd/titan)
@@ -383,6 +386,9 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 	if tr.obs, err = tr.newObserver(); err != nil {
 		return err
 	}
+	if tr.prof, err = tr.newProfiler(tr.obs.hosts); err != nil {
+		return err
+	}
 	watch := memplan.NewLossWatch(tr.fam.VocabSize(), job.Optimizer.LR)
 	tr.logNotes()
 	if tr.Step > 0 {
@@ -412,6 +418,7 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 			}
 			return context.Canceled
 		}
+		tr.prof.beginStep(tr.Step + 1)
 		tr.obs.begin()
 		loss, gnorm, lr, err := tr.TrainStep()
 		if err != nil {
@@ -478,9 +485,15 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 		}
 		ck := job.Checkpoint
 		if ck.Enable && tr.Step < job.Training.Steps && ck.Interval > 0 && tr.Step%ck.Interval == 0 {
-			if err := tr.save(false); err != nil {
+			span := trace.Begin(trace.CatCheckpoint, "checkpoint save")
+			err := tr.save(false)
+			span.End()
+			if err != nil {
 				return err
 			}
+		}
+		if err := tr.prof.endStep(tr.Step); err != nil {
+			return err
 		}
 	}
 	tr.elapsed += time.Since(start).Seconds()
@@ -559,17 +572,24 @@ func (tr *Trainer) TrainStep() (loss, gradNorm, lr float64, err error) {
 	if err != nil {
 		return 0, 0, 0, err
 	}
+	span := trace.Begin(trace.CatCompute, "forward_backward")
 	sum, err := tr.eng.ForwardBackward(mine.Inputs, mine.Labels, tr.accum, 1/float32(targets))
+	span.End()
 	if err != nil {
 		return 0, 0, 0, err
 	}
+	span = trace.Begin(trace.CatCompute, "grad_norm")
 	sumSq, err := tr.eng.GradSumSquares()
+	span.End()
 	if err != nil {
 		return 0, 0, 0, err
 	}
 	norm, scale := optim.ClipScale(sumSq, float32(tr.Job.Training.MaxNorm))
 	lr = tr.Sched.LR(tr.Step - tr.schedStart)
-	if err := tr.Opt.Update(tr.eng.Params(), tr.eng.Grads(), float32(lr), scale); err != nil {
+	span = trace.Begin(trace.CatOptimizer, "optimizer")
+	err = tr.Opt.Update(tr.eng.Params(), tr.eng.Grads(), float32(lr), scale)
+	span.End()
+	if err != nil {
 		return 0, 0, 0, err
 	}
 	tr.eng.Updated()
