@@ -220,8 +220,8 @@ var keyTable = map[string]keyCheck{
 		h.ok(t, "profiling.enable_profiling=true", "profiling.profile_freq=3", "profiling.profiler_warmup=1").exists(t, "profile_traces/iteration_3/trace.json", true)
 		h.fails(t, "profiling.profile_freq", "profiling.enable_profiling=true", "profiling.profile_freq=2", "profiling.profiler_warmup=2")
 	}},
-	"profiling.profiler_active": {coveredBy: "TestProfilingTrace"},
-	"profiling.profiler_warmup": {coveredBy: "TestProfilingTrace"},
+	"profiling.profiler_active":             {coveredBy: "TestProfilingTrace"},
+	"profiling.profiler_warmup":             {coveredBy: "TestProfilingTrace"},
 	"profiling.enable_memory_snapshot":      {refuse: "true"},
 	"profiling.save_memory_snapshot_folder": {refuse: "elsewhere"},
 	// [metrics]
