@@ -212,8 +212,7 @@ var keyTable = map[string]keyCheck{
 		}
 		h.ok(t).exists(t, "saved.toml", false)
 	}},
-	// [profiling]: the trace keys (schedule and folder) in one run;
-	// memory snapshots not built yet, refused.
+	// [profiling]: traces (schedule and folder) and memory snapshots.
 	"profiling.enable_profiling":   {coveredBy: "TestProfilingTrace"},
 	"profiling.save_traces_folder": {coveredBy: "TestProfilingTrace"},
 	"profiling.profile_freq": {check: func(t *testing.T, h *keysHarness) {
@@ -222,8 +221,8 @@ var keyTable = map[string]keyCheck{
 	}},
 	"profiling.profiler_active":             {coveredBy: "TestProfilingTrace"},
 	"profiling.profiler_warmup":             {coveredBy: "TestProfilingTrace"},
-	"profiling.enable_memory_snapshot":      {refuse: "true"},
-	"profiling.save_memory_snapshot_folder": {refuse: "elsewhere"},
+	"profiling.enable_memory_snapshot":      {coveredBy: "TestMemorySnapshot"},
+	"profiling.save_memory_snapshot_folder": {coveredBy: "TestMemorySnapshot"},
 	// [metrics]
 	"metrics.log_freq": {check: func(t *testing.T, h *keysHarness) {
 		// Steps 1 and the last are always logged.

@@ -538,3 +538,71 @@ func TestProfilingTrace(t *testing.T) {
 		t.Errorf("the log lacks the summary table:\n%s", out)
 	}
 }
+
+// TestMemorySnapshot: profiling.enable_memory_snapshot on an FSDP2 job
+// of 2 processes (profile_freq 2, 3 steps) writes, for step 2 only, each
+// rank's snapshot into save_memory_snapshot_folder: its parameter,
+// gradient and optimizer bytes (whose largest sum over the ranks is
+// metrics.jsonl's state_gib), activations, the FSDP unit pool, the
+// gathered units in use over the step (some, never more than the pool),
+// communication in flight and resident memory, with an SVG chart.
+func TestMemorySnapshot(t *testing.T) {
+	dump := t.TempDir()
+	args := append(set(tinyRun(dump, corpus(t), 3), "checkpoint.enable=false", "training.local_batch_size=1",
+		"profiling.enable_memory_snapshot=true", "profiling.save_memory_snapshot_folder=mem", "profiling.profile_freq=2",
+		"profiling.profiler_warmup=0", "parallelism.fsdp_reshard_after_forward=always"), "--nproc", "2")
+	if out, err := titan(t, args...); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(dump, "mem", "iteration_1")); err == nil {
+		t.Error("step 1 was snapshotted; profile_freq 2 asks for step 2")
+	}
+	if _, err := os.Stat(filepath.Join(dump, "mem", "iteration_3")); err == nil {
+		t.Error("step 3 was snapshotted")
+	}
+	state := jsonlRecords(t, filepath.Join(dump, "metrics.jsonl"))[2]["state_gib"]
+	var maxState float64
+	for r := 0; r < 2; r++ {
+		base := filepath.Join(dump, "mem", "iteration_2", fmt.Sprintf("rank%d_memory_snapshot", r))
+		raw, err := os.ReadFile(base + ".json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s struct {
+			Rank, Step int
+			Static     struct {
+				Parameters, Gradients, Activations int64
+				Optimizer                          int64 `json:"optimizer_state"`
+				Units                              int64 `json:"fsdp_unit_buffers"`
+			}
+			PeakRSS      int64 `json:"peak_rss"`
+			PeakGathered int64 `json:"peak_gathered_units"`
+			PeakComm     int64 `json:"peak_comm_buffers"`
+			Samples      []struct {
+				MS       float64
+				Gathered int64 `json:"gathered_units"`
+			}
+		}
+		if err := json.Unmarshal(raw, &s); err != nil {
+			t.Fatal(err)
+		}
+		st := s.Static
+		maxState = math.Max(maxState, float64(st.Parameters+st.Gradients+st.Optimizer)/(1<<30))
+		switch {
+		case s.Rank != r || s.Step != 2:
+			t.Errorf("rank %d: snapshot of rank %d step %d", r, s.Rank, s.Step)
+		case st.Parameters <= 0 || st.Gradients != st.Parameters || st.Optimizer != 2*st.Parameters || st.Activations <= 0:
+			t.Errorf("rank %d: static %+v", r, st)
+		case s.PeakGathered <= 0 || s.PeakGathered > st.Units || s.PeakComm <= 0 || s.PeakRSS <= 0:
+			t.Errorf("rank %d: peak gathered %d of a pool of %d, comm %d, rss %d", r, s.PeakGathered, st.Units, s.PeakComm, s.PeakRSS)
+		case len(s.Samples) < 2:
+			t.Errorf("rank %d: %d samples", r, len(s.Samples))
+		}
+		if st, err := os.Stat(base + ".svg"); err != nil || st.Size() == 0 {
+			t.Errorf("rank %d: SVG %v", r, err)
+		}
+	}
+	if maxState != state {
+		t.Errorf("largest parameters+gradients+optimizer %v GiB, metrics.jsonl state_gib %v", maxState, state)
+	}
+}

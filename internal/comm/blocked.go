@@ -7,6 +7,15 @@ import (
 	"github.com/titan-go/titan/internal/trace"
 )
 
+// inFlight is the bytes of the operations issued and not finished (see
+// InFlightBytes).
+var inFlight atomic.Int64
+
+// InFlightBytes is the size of the buffers of the operations this process
+// has issued that have not completed: the communication buffers in use
+// (memory snapshots sample it).
+func InFlightBytes() int64 { return inFlight.Load() }
+
 // blockedNanos is the time callers spent blocked on operations (see
 // BlockedTime).
 var blockedNanos atomic.Int64

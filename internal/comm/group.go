@@ -99,15 +99,19 @@ func NewGroup(ctx context.Context, parent Group, ranks []int, name string) (Grou
 
 // Work is the handle of an asynchronous operation.
 type Work struct {
-	done chan struct{}
-	err  error
-	kind opKind // for the trace's wait spans
+	done  chan struct{}
+	err   error
+	kind  opKind // for the trace's wait spans
+	bytes int64  // counted in InFlightBytes until finished
 }
 
 func newWork() *Work { return &Work{done: make(chan struct{})} }
 
 func (w *Work) finish(err error) {
 	w.err = err
+	if w.bytes != 0 {
+		inFlight.Add(-w.bytes)
+	}
 	close(w.done)
 }
 
@@ -457,6 +461,10 @@ func (g *group) submit(ctx context.Context, r *request) *Work {
 func (g *group) submitMode(ctx context.Context, r *request, inline bool) *Work {
 	w := newWork()
 	w.kind = r.kind
+	if r.kind != opBarrier {
+		w.bytes = int64(r.count()) * int64(r.dtype.Size())
+		inFlight.Add(w.bytes)
+	}
 	r.work = w
 	if ctx == nil {
 		ctx = context.Background()

@@ -72,6 +72,7 @@ type Trainer struct {
 	// the profiled steps (profile.go; nil without profiling).
 	obs  *observer
 	prof *profiler
+	mem  *memSnapper // memory snapshots (memsnap.go); nil when off
 }
 
 // Device is the compute device a trainer runs on; the caller (cmd/titan)
@@ -389,6 +390,7 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 	if tr.prof, err = tr.newProfiler(tr.obs.hosts); err != nil {
 		return err
 	}
+	tr.mem = tr.newMemSnapper(tr.obs.hosts)
 	watch := memplan.NewLossWatch(tr.fam.VocabSize(), job.Optimizer.LR)
 	tr.logNotes()
 	if tr.Step > 0 {
@@ -419,12 +421,16 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 			return context.Canceled
 		}
 		tr.prof.beginStep(tr.Step + 1)
+		tr.mem.beginStep(tr.Step + 1)
 		tr.obs.begin()
 		loss, gnorm, lr, err := tr.TrainStep()
 		if err != nil {
 			return fmt.Errorf("step %d: %w", tr.Step+1, err)
 		}
 		tr.obs.end(tr.Step, loss)
+		if err := tr.mem.endStep(tr.Step); err != nil {
+			return err
+		}
 		if math.IsNaN(loss) || math.IsInf(loss, 0) {
 			return fmt.Errorf("step %d: loss is %v", tr.Step, loss)
 		}
