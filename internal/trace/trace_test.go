@@ -147,3 +147,25 @@ func TestWriteChromeSVGPNG(t *testing.T) {
 		t.Errorf("PNG: %v", err)
 	}
 }
+
+// BenchmarkHookOff is the cost of a span hook while recording is off.
+func BenchmarkHookOff(b *testing.B) {
+	Stop()
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		Begin(CatGEMM, "qkv").End()
+	}
+}
+
+// BenchmarkHookOn is the cost of a recorded span.
+func BenchmarkHookOn(b *testing.B) {
+	Start(1)
+	defer func() { Stop(); Take() }()
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		Begin(CatGEMM, "qkv").End()
+		if i%100000 == 0 {
+			Take()
+		}
+	}
+}
