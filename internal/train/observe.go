@@ -11,9 +11,14 @@ import (
 	"github.com/titan-go/titan/internal/straggler"
 )
 
-// statsPerRank is the figures each rank contributes per step to the stop
-// agreement's all-reduce: compute seconds, step seconds, memory GiB.
-const statsPerRank = 3
+// The stop agreement's all-reduce vector: the stop vote, rank 0's "live
+// metrics on" flag (so that every rank, on every node, reports its
+// memory), then statsPerRank figures of each rank: compute seconds, step
+// seconds, memory GiB.
+const (
+	statsPerRank = 3
+	statsStart   = 2
+)
 
 // observer follows every rank's step times: each rank measures its step
 // and its compute time (the step less comm.BlockedTime), the figures
@@ -27,6 +32,7 @@ type observer struct {
 	det         *straggler.Detector
 	delay       time.Duration // the TITAN_TEST_SLOW_RANK test hook
 	liveFile    string        // livemetrics.EnvFile; "" when off
+	wantMem     bool          // rank 0 serves live metrics: report memory
 	steps       int
 	// figures of the whole job per step, for the live snapshot
 	tokensPerStep, flopsPerToken, peakFLOPS float64
@@ -45,7 +51,7 @@ type observer struct {
 // newObserver gathers the ranks' host names (a collective on every rank).
 func (tr *Trainer) newObserver() (*observer, error) {
 	o := &observer{rank: tr.dist.Rank, world: tr.dist.World, liveFile: os.Getenv(livemetrics.EnvFile), steps: tr.Job.Training.Steps,
-		vec: make([]float64, 1+statsPerRank*tr.dist.World), report: tr.log.Printf}
+		vec: make([]float64, statsStart+statsPerRank*tr.dist.World), report: tr.log.Printf}
 	var err error
 	if o.delay, err = straggler.Delay(o.rank); err != nil {
 		return nil, err
@@ -104,7 +110,7 @@ func (o *observer) end(step int, loss float64) {
 	d := time.Since(o.start)
 	o.stepTime = d.Seconds()
 	o.compute = (d - (comm.BlockedTime() - o.blocked)).Seconds()
-	if o.liveFile != "" {
+	if o.wantMem || o.liveFile != "" {
 		o.mem = metrics.PeakRSSGiB()
 	}
 	o.have, o.lastStep, o.loss = true, step, loss
@@ -117,8 +123,11 @@ func (o *observer) pack(stop bool) []float64 {
 	if stop {
 		o.vec[0] = 1
 	}
+	if o.rank == 0 && o.liveFile != "" {
+		o.vec[1] = 1
+	}
 	if o.have {
-		s := o.vec[1+statsPerRank*o.rank:]
+		s := o.vec[statsStart+statsPerRank*o.rank:]
 		s[0], s[1], s[2] = o.compute, o.stepTime, o.mem
 	}
 	return o.vec
@@ -131,12 +140,13 @@ func (o *observer) received(v []float64) error {
 	period := now.Sub(o.lastAgree)
 	first := o.lastAgree.IsZero()
 	o.lastAgree = now
+	o.wantMem = v[1] > 0
 	if o.rank != 0 || !o.have {
 		return nil
 	}
 	compute := make([]time.Duration, o.world)
 	for r := range compute {
-		compute[r] = time.Duration(v[1+statsPerRank*r] * 1e9)
+		compute[r] = time.Duration(v[statsStart+statsPerRank*r] * 1e9)
 	}
 	for _, rep := range o.det.Observe(o.lastStep, compute) {
 		o.stragglers++
@@ -154,7 +164,7 @@ func (o *observer) received(v []float64) error {
 		}
 	}
 	for r := range o.world {
-		f := v[1+statsPerRank*r:]
+		f := v[statsStart+statsPerRank*r:]
 		s.Ranks = append(s.Ranks, livemetrics.Rank{Rank: r, Host: o.hosts[r], ComputeS: f[0], StepS: f[1], MemGiB: f[2]})
 	}
 	return livemetrics.Write(o.liveFile, s)
