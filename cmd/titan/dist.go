@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -13,15 +14,28 @@ import (
 	"github.com/titan-go/titan/internal/comm"
 	"github.com/titan-go/titan/internal/config"
 	"github.com/titan-go/titan/internal/launch"
+	"github.com/titan-go/titan/internal/livemetrics"
 )
 
-// launchFlags are torchrun's flags, shared by train and bench comm.
+// launchFlags are torchrun's flags, shared by train and bench comm, and
+// train's observability flags (registerObservability).
 type launchFlags struct {
 	f      launch.Flags
 	nnodes string // --nnodes N or MIN:MAX, parsed into f
 	// checkWorld, when set, is an elastic launcher's
 	// launch.Elastic.CheckWorld.
-	checkWorld func(world int) error
+	checkWorld    func(world int) error
+	metricsAddr   string
+	metricsPublic bool
+	pprof         bool
+}
+
+// registerObservability adds --metrics-addr, --metrics-public and --pprof.
+func (l *launchFlags) registerObservability(cmd *cobra.Command) {
+	fs := cmd.Flags()
+	fs.StringVar(&l.metricsAddr, "metrics-addr", "", "serve the job's live metrics (Prometheus text format) at http://ADDR/metrics, e.g. 127.0.0.1:9400 (loopback only unless --metrics-public)")
+	fs.BoolVar(&l.metricsPublic, "metrics-public", false, "allow --metrics-addr on a non-loopback address")
+	fs.BoolVar(&l.pprof, "pprof", false, "every worker serves net/http/pprof on a loopback port, logged at start")
 }
 
 func (l *launchFlags) register(cmd *cobra.Command) {
@@ -97,6 +111,7 @@ func (l *launchFlags) distributed(ctx context.Context, out io.Writer, cs commSet
 		if spec.Elastic != nil {
 			spec.Elastic.CheckWorld = l.checkWorld
 		}
+		spec.MetricsAddr, spec.MetricsPublic, spec.Pprof = l.metricsAddr, l.metricsPublic, l.pprof
 		// The launcher forwards Ctrl-C to its workers itself and waits for
 		// them to save; the signal must not cancel it.
 		return launch.Launch(context.WithoutCancel(ctx), spec, commandArgs, out)
@@ -118,7 +133,30 @@ func (l *launchFlags) distributed(ctx context.Context, out io.Writer, cs commSet
 		}
 		return err
 	}
+	stop, err := l.standaloneObservability(out)
+	if err != nil {
+		return err
+	}
+	defer stop()
 	return fn(nil)
+}
+
+// standaloneObservability serves --metrics-addr from this process and
+// asks it for --pprof when there is no launcher to do so.
+func (l *launchFlags) standaloneObservability(out io.Writer) (func(), error) {
+	if l.pprof {
+		os.Setenv(livemetrics.EnvPprof, "127.0.0.1:0")
+	}
+	if l.metricsAddr == "" {
+		return func() {}, nil
+	}
+	srv, err := livemetrics.StartServer(l.metricsAddr, "standalone", l.metricsPublic)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(out, "titan: live metrics on http://%s/metrics\n", srv.Addr)
+	os.Setenv(livemetrics.EnvFile, srv.File)
+	return func() { os.Unsetenv(livemetrics.EnvFile); srv.Close() }, nil
 }
 
 // traceDir is where workers dump their flight recorders.

@@ -212,14 +212,17 @@ var keyTable = map[string]keyCheck{
 		}
 		h.ok(t).exists(t, "saved.toml", false)
 	}},
-	// [profiling]: off and refused when on.
-	"profiling.enable_profiling":            {refuse: "true"},
-	"profiling.save_traces_folder":          {refuse: "elsewhere"},
-	"profiling.profile_freq":                {refuse: "5"},
-	"profiling.profiler_active":             {refuse: "2"},
-	"profiling.profiler_warmup":             {refuse: "4"},
-	"profiling.enable_memory_snapshot":      {refuse: "true"},
-	"profiling.save_memory_snapshot_folder": {refuse: "elsewhere"},
+	// [profiling]: traces (schedule and folder) and memory snapshots.
+	"profiling.enable_profiling":   {coveredBy: "TestProfilingTrace"},
+	"profiling.save_traces_folder": {coveredBy: "TestProfilingTrace"},
+	"profiling.profile_freq": {check: func(t *testing.T, h *keysHarness) {
+		h.ok(t, "profiling.enable_profiling=true", "profiling.profile_freq=3", "profiling.profiler_warmup=1").exists(t, "profile_traces/iteration_3/trace.json", true)
+		h.fails(t, "profiling.profile_freq", "profiling.enable_profiling=true", "profiling.profile_freq=2", "profiling.profiler_warmup=2")
+	}},
+	"profiling.profiler_active":             {coveredBy: "TestProfilingTrace"},
+	"profiling.profiler_warmup":             {coveredBy: "TestProfilingTrace"},
+	"profiling.enable_memory_snapshot":      {coveredBy: "TestMemorySnapshot"},
+	"profiling.save_memory_snapshot_folder": {coveredBy: "TestMemorySnapshot"},
 	// [metrics]
 	"metrics.log_freq": {check: func(t *testing.T, h *keysHarness) {
 		// Steps 1 and the last are always logged.
@@ -227,7 +230,7 @@ var keyTable = map[string]keyCheck{
 			t.Errorf("log_freq 5 over 3 steps logged %d steps, want 2", n)
 		}
 	}},
-	"metrics.enable_tensorboard": {refuse: "true"},
+	"metrics.enable_tensorboard": {coveredBy: "TestTensorBoardMatchesMetrics"},
 	"metrics.disable_color_printing": {check: func(t *testing.T, h *keysHarness) {
 		// CLICOLOR_FORCE colours the line as a terminal would; the key
 		// takes the colour away.
@@ -240,7 +243,12 @@ var keyTable = map[string]keyCheck{
 			t.Errorf("metrics.disable_color_printing=true: the log is coloured:\n%q", out)
 		}
 	}},
-	"metrics.save_tb_folder": {refuse: "elsewhere"},
+	"metrics.save_tb_folder": {check: func(t *testing.T, h *keysHarness) {
+		r := h.ok(t, "metrics.enable_tensorboard=true", "metrics.save_tb_folder=elsewhere")
+		r.exists(t, "elsewhere", true)
+		r.exists(t, "tb", false)
+		h.fails(t, "metrics.save_tb_folder", "metrics.enable_tensorboard=true", "metrics.save_tb_folder=")
+	}},
 	"metrics.enable_db": {check: func(t *testing.T, h *keysHarness) {
 		on := filepath.Join(t.TempDir(), "on.db")
 		h.ok(t, "metrics.db="+on)

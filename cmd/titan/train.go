@@ -14,6 +14,7 @@ import (
 	"github.com/titan-go/titan/internal/backend/cpu/gemm"
 	"github.com/titan-go/titan/internal/config"
 	"github.com/titan-go/titan/internal/launch"
+	"github.com/titan-go/titan/internal/livemetrics"
 	"github.com/titan-go/titan/internal/train"
 )
 
@@ -66,11 +67,19 @@ so set training.global_batch_size and data_parallel_shard_degree = -1).
 --rdzv-backend c10d (default) hosts the rendezvous in the first launcher on
 --rdzv-endpoint; --rdzv-backend etcd --rdzv-endpoint HOST:2379 keeps it in
 an etcd cluster, so that it survives the loss of any node. Elastic
-launchers of several nodes need the same TITANRUN_SECRET.`,
+launchers of several nodes need the same TITANRUN_SECRET.
+
+--metrics-addr serves the job's live figures (steps/s, loss, tokens/s,
+MFU, each rank's step time, compute time and memory) in the Prometheus
+text format at http://ADDR/metrics while it runs; --pprof has every worker
+serve net/http/pprof on a loopback port it logs. Rank 0's log names a
+straggler: a rank whose compute time per step is over 1.5x the median
+for 3 steps in a row.`,
 		Example: `  titan train --recipe recipes/llama3_debug.toml
   titan train --recipe recipes/llama3_debug.toml --set training.steps=50 --set job.dump_folder=/tmp/run1
   TITAN_TRAINING_SEED=7 titan train --recipe recipes/llama3_tiny_bench.toml
   titan train --recipe recipes/llama3_debug.toml --nproc 2
+  titan train --recipe recipes/llama3_debug.toml --nproc 4 --metrics-addr 127.0.0.1:9400 --pprof
   titan train --recipe r.toml --nnodes 2 --node-rank 0 --rdzv-endpoint 10.0.0.1:29500 --nproc 8
   titan train --recipe recipes/llama3_debug.toml --nproc 4 --max-restarts 3
   TITANRUN_SECRET=... titan train --recipe r.toml --nnodes 1:4 --nproc 8 --max-restarts 3 --rdzv-backend etcd --rdzv-endpoint etcd0:2379
@@ -92,11 +101,16 @@ launchers of several nodes need the same TITANRUN_SECRET.`,
 			defer stop()
 			cs := commSettingsOf(job)
 			lf.checkWorld = func(world int) error { return train.CheckWorld(job, world) }
-			err = lf.distributed(ctx, os.Stdout, cs, func(w *launch.Worker) error {
+			err = lf.distributed(ctx, cmd.OutOrStdout(), cs, func(w *launch.Worker) error {
 				if w == nil || w.Rank == 0 {
 					if err := job.SaveConfigFile(); err != nil { // job.save_config_file
 						return err
 					}
+				}
+				if addr, err := livemetrics.StartPprof(); err != nil {
+					return err
+				} else if addr != "" {
+					fmt.Fprintf(cmd.OutOrStdout(), "titan: pprof on http://%s/debug/pprof/\n", addr)
 				}
 				var dist *train.Dist
 				threads := job.Training.Threads
@@ -122,6 +136,7 @@ launchers of several nodes need the same TITANRUN_SECRET.`,
 	}
 	rf.register(cmd)
 	lf.register(cmd)
+	lf.registerObservability(cmd)
 	return cmd
 }
 

@@ -99,23 +99,26 @@ func NewGroup(ctx context.Context, parent Group, ranks []int, name string) (Grou
 
 // Work is the handle of an asynchronous operation.
 type Work struct {
-	done chan struct{}
-	err  error
+	done  chan struct{}
+	err   error
+	kind  opKind // for the trace's wait spans
+	bytes int64  // counted in InFlightBytes until finished
 }
 
 func newWork() *Work { return &Work{done: make(chan struct{})} }
 
 func (w *Work) finish(err error) {
 	w.err = err
+	if w.bytes != 0 {
+		inFlight.Add(-w.bytes)
+	}
 	close(w.done)
 }
 
 // Wait blocks until the operation completed and returns its error. The
-// operation's buffers may be used again once Wait returned.
-func (w *Work) Wait() error {
-	<-w.done
-	return w.err
-}
+// operation's buffers may be used again once Wait returned. The time it
+// blocks counts in BlockedTime.
+func (w *Work) Wait() error { return w.waitBlocked() }
 
 // Done is closed when the operation completed.
 func (w *Work) Done() <-chan struct{} { return w.done }
@@ -144,6 +147,7 @@ func (k opKind) String() string {
 
 type request struct {
 	kind       opKind
+	started    time.Time // when it began executing (the trace's span)
 	seq        uint64
 	dtype      DType
 	op         ReduceOp
@@ -443,7 +447,11 @@ func overlapsBadly(full, part Buffer, size, rank int) bool {
 // do runs a request synchronously: on the calling goroutine when the group
 // has nothing else queued (saving two goroutine hand-offs), else queued.
 func (g *group) do(ctx context.Context, r *request) error {
-	return g.submitMode(ctx, r, true).Wait()
+	start := time.Now()
+	w := g.submitMode(ctx, r, true)
+	<-w.done
+	blocked(w.kind, start)
+	return w.err
 }
 
 func (g *group) submit(ctx context.Context, r *request) *Work {
@@ -452,6 +460,11 @@ func (g *group) submit(ctx context.Context, r *request) *Work {
 
 func (g *group) submitMode(ctx context.Context, r *request, inline bool) *Work {
 	w := newWork()
+	w.kind = r.kind
+	if r.kind != opBarrier {
+		w.bytes = int64(r.count()) * int64(r.dtype.Size())
+		inFlight.Add(w.bytes)
+	}
 	r.work = w
 	if ctx == nil {
 		ctx = context.Background()
@@ -520,6 +533,7 @@ func (g *group) execute(r *request) {
 	} else {
 		g.hub.flight.start(r.rec)
 		start := time.Now()
+		r.started = start
 		deadline := start.Add(g.opts.Timeout)
 		switch {
 		case r.kind == opSend || r.kind == opRecv:
@@ -538,6 +552,7 @@ func (g *group) execute(r *request) {
 		r.stopCtx()
 	}
 	g.hub.flight.end(r.rec, err)
+	g.traceOp(r)
 	if r.kind != opSend && r.kind != opRecv {
 		g.mu.Lock()
 		g.pending--

@@ -602,6 +602,10 @@ func TestValidate(t *testing.T) {
 		{"profiling.profile_freq", func(j *Job) { j.Profiling.ProfileFreq = 0 }},
 		{"profiling.profiler_active", func(j *Job) { j.Profiling.ProfilerActive = 0 }},
 		{"profiling.profiler_warmup", func(j *Job) { j.Profiling.ProfilerWarmup = -1 }},
+		{"profiling.profile_freq", func(j *Job) { j.Profiling.EnableProfiling, j.Profiling.ProfileFreq = true, 3 }}, // < active 1 + warmup 3
+		{"profiling.save_traces_folder", func(j *Job) { j.Profiling.EnableProfiling, j.Profiling.SaveTracesFolder = true, "" }},
+		{"profiling.save_memory_snapshot_folder", func(j *Job) { j.Profiling.EnableMemorySnapshot, j.Profiling.SaveMemorySnapshotFolder = true, "" }},
+		{"metrics.save_tb_folder", func(j *Job) { j.Metrics.EnableTensorboard, j.Metrics.SaveTBFolder = true, "" }},
 		{"metrics.log_freq", func(j *Job) { j.Metrics.LogFreq = 0 }},
 		{"model.name", func(j *Job) { j.Model.Name = "" }},
 		{"model.flavor", func(j *Job) { j.Model.Flavor = "" }},
@@ -824,9 +828,6 @@ func TestUnsupportedValuesAreRefused(t *testing.T) {
 	}{
 		{"training.mixed_precision_param", func(j *Job) { j.Training.MixedPrecisionParam = "bfloat16" }, `"float32"`},
 		{"model.converters", func(j *Job) { j.Model.Converters = []string{"float8"} }, "[]"},
-		{"profiling.enable_profiling", func(j *Job) { j.Profiling.EnableProfiling = true }, "false"},
-		{"profiling.enable_memory_snapshot", func(j *Job) { j.Profiling.EnableMemorySnapshot = true }, "false"},
-		{"metrics.enable_tensorboard", func(j *Job) { j.Metrics.EnableTensorboard = true }, "false"},
 		{"checkpoint.async_mode", func(j *Job) { j.Checkpoint.AsyncMode = "async" }, `"disabled"`},
 		{"checkpoint.async_mode", func(j *Job) { j.Checkpoint.AsyncMode = "async_with_pinned_mem" }, `"disabled"`},
 		{"checkpoint.last_save_in_hf", func(j *Job) { j.Checkpoint.LastSaveInHF = true }, "false"},

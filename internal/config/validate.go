@@ -163,22 +163,24 @@ func (j *Job) Validate() error {
 	v.atLeast("profiling.profiler_active", p.ProfilerActive, 1)
 	v.atLeast("profiling.profiler_warmup", p.ProfilerWarmup, 0)
 	// Accepted by the schema, not built yet: refused by name rather than
-	// ignored (the trainer would train as if they were unset). The keys
-	// that only tune them are refused too when set away from their
-	// defaults, so that no setting of theirs is silently dropped.
-	d := Default()
+	// ignored (the trainer would train as if it were unset).
 	v.off("parallelism.disable_loss_parallel", j.Parallelism.DisableLossParallel)
-	v.off("profiling.enable_profiling", p.EnableProfiling)
-	v.off("profiling.enable_memory_snapshot", p.EnableMemorySnapshot)
-	v.unchanged("profiling.save_traces_folder", p.SaveTracesFolder, d.Profiling.SaveTracesFolder, "profiling")
-	v.unchanged("profiling.profile_freq", p.ProfileFreq, d.Profiling.ProfileFreq, "profiling")
-	v.unchanged("profiling.profiler_active", p.ProfilerActive, d.Profiling.ProfilerActive, "profiling")
-	v.unchanged("profiling.profiler_warmup", p.ProfilerWarmup, d.Profiling.ProfilerWarmup, "profiling")
-	v.unchanged("profiling.save_memory_snapshot_folder", p.SaveMemorySnapshotFolder, d.Profiling.SaveMemorySnapshotFolder, "memory snapshots")
+	// Profiling (traces and memory snapshots) and TensorBoard write into
+	// folders under job.dump_folder: they need a name when on.
+	if p.EnableProfiling {
+		v.notEmpty("profiling.save_traces_folder", p.SaveTracesFolder)
+		if p.ProfileFreq >= 1 && p.ProfilerActive >= 1 && p.ProfilerWarmup >= 0 && p.ProfilerActive+p.ProfilerWarmup > p.ProfileFreq {
+			v.fail("profiling.profile_freq", p.ProfileFreq, "must be at least profiling.profiler_active %d + profiling.profiler_warmup %d (each window of profile_freq steps warms up, then records)", p.ProfilerActive, p.ProfilerWarmup)
+		}
+	}
+	if p.EnableMemorySnapshot {
+		v.notEmpty("profiling.save_memory_snapshot_folder", p.SaveMemorySnapshotFolder)
+	}
 
 	v.atLeast("metrics.log_freq", j.Metrics.LogFreq, 1)
-	v.off("metrics.enable_tensorboard", j.Metrics.EnableTensorboard)
-	v.unchanged("metrics.save_tb_folder", j.Metrics.SaveTBFolder, d.Metrics.SaveTBFolder, "TensorBoard")
+	if j.Metrics.EnableTensorboard {
+		v.notEmpty("metrics.save_tb_folder", j.Metrics.SaveTBFolder)
+	}
 	if db := j.Metrics.DB; strings.Contains(db, "://") && !strings.HasPrefix(db, "postgres://") && !strings.HasPrefix(db, "postgresql://") {
 		v.fail("metrics.db", db, "want a SQLite file path or a postgres:// (postgresql://) URL")
 	}

@@ -257,6 +257,11 @@ func (l *launcher) supervise(ctx context.Context, sigs <-chan os.Signal, endpoin
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	base := hostPeakEnv(os.Environ(), cpu.HostPeakFLOPS)
+	base, stopObs, err := l.observability(base, jobID)
+	if err != nil {
+		return err
+	}
+	defer stopObs()
 	for lr := range spec.NProcPerNode {
 		rank := spec.NodeRank*spec.NProcPerNode + lr
 		c := &child{rank: rank, localRank: lr}

@@ -120,6 +120,13 @@ type Spec struct {
 	// Endpoint is the control server's host:port. Empty for a one-node
 	// launcher until Launch picks a loopback port.
 	Endpoint string
+	// MetricsAddr, when not "", is where a launcher of node rank 0
+	// serves the job's live metrics (Prometheus text format, package
+	// livemetrics); MetricsPublic allows a non-loopback address.
+	MetricsAddr   string
+	MetricsPublic bool
+	// Pprof makes every worker serve net/http/pprof on a loopback port.
+	Pprof bool
 	// JobID identifies the run; every joiner presents it. A one-node
 	// launcher makes up a random one when empty.
 	JobID string

@@ -13,6 +13,11 @@
 // writes its own file: rank 0 <dump_folder>/metrics.jsonl as always, rank
 // R > 0 <dump_folder>/metrics_rank<R>.jsonl (RankFile). Without it only
 // rank 0 writes a file.
+//
+// With Options.TensorBoardFolder (metrics.enable_tensorboard,
+// metrics.save_tb_folder) the same records also go to a TensorBoard event
+// file (package tensorboard) in TensorBoardDir, under the tags of
+// TensorBoardTags; which ranks write follows the same rule.
 package metrics
 
 import (
@@ -23,6 +28,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
+
+	"github.com/titan-go/titan/internal/tensorboard"
 )
 
 // Record is one logged step. Its JSON keys are the metrics.jsonl schema.
@@ -58,6 +66,7 @@ type Logger struct {
 	buf      *bufio.Writer
 	total    int
 	barShown bool
+	tb       *tensorboard.Writer // nil without TensorBoard
 }
 
 // Open appends to <dumpFolder>/metrics.jsonl (creating the folder) and
@@ -80,6 +89,11 @@ type Options struct {
 	// DisableColor prints the log line without terminal colours
 	// (metrics.disable_color_printing).
 	DisableColor bool
+	// TensorBoardFolder, when not "", writes the records to TensorBoard
+	// event files too, in TensorBoardDir(dumpFolder, TensorBoardFolder,
+	// Rank, SaveForAllRanks) (metrics.enable_tensorboard with
+	// metrics.save_tb_folder).
+	TensorBoardFolder string
 	// Terminal overrides whether console is taken for a terminal (nil:
 	// detect it); for tests.
 	Terminal *bool
@@ -116,6 +130,12 @@ func OpenWith(dumpFolder string, console io.Writer, totalSteps int, o Options) (
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	l.file, l.buf = f, bufio.NewWriter(f)
+	if o.TensorBoardFolder != "" {
+		if l.tb, err = tensorboard.Create(TensorBoardDir(dumpFolder, o.TensorBoardFolder, o.Rank, o.SaveForAllRanks)); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("metrics: %w", err)
+		}
+	}
 	return l, nil
 }
 
@@ -172,12 +192,16 @@ func line(r Record, color bool) string {
 	return s + c(ansiReset)
 }
 
-// Log prints r and appends it to metrics.jsonl.
+// Log prints r and appends it to metrics.jsonl (and the TensorBoard
+// event file).
 func (l *Logger) Log(r Record) error {
 	l.clearBar()
 	fmt.Fprintln(l.console, line(r, l.color))
 	if l.file == nil {
 		return nil
+	}
+	if err := l.logTB(r, time.Now()); err != nil {
+		return err
 	}
 	b, err := json.Marshal(r)
 	if err != nil {
@@ -223,11 +247,19 @@ func (l *Logger) Close() error {
 	}
 	f := l.file
 	l.file = nil // Close is idempotent; Printf keeps working on the console
+	var tbErr error
+	if l.tb != nil {
+		tbErr = l.tb.Close()
+		l.tb = nil
+	}
 	if err := l.buf.Flush(); err != nil {
 		f.Close()
 		return err
 	}
-	return f.Close()
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return tbErr
 }
 
 // PeakRSSGiB is the process's peak resident memory (VmHWM on Linux), or 0

@@ -78,8 +78,11 @@ type Memory struct {
 	// ActivationBytes is the planned activation memory.
 	ActivationBytes int64
 	// GatheredUnits is the most units whose gathered parameters were
-	// alive at once (0 without FSDP).
-	GatheredUnits int
+	// alive at once (0 without FSDP); UnitBufferBytes the memory of the
+	// FSDP unit buffers allocated so far (gathered parameters and unit
+	// gradients).
+	GatheredUnits   int
+	UnitBufferBytes int64
 }
 
 // Options are the layout-independent settings of an engine.
@@ -639,7 +642,7 @@ func (e *engine) Memory() Memory {
 			act += p.ActivationBytes()
 		}
 	}
-	return Memory{StateBytes: e.rt.StateBytes(), ActivationBytes: act, GatheredUnits: e.rt.GatheredBuffers()}
+	return Memory{StateBytes: e.rt.StateBytes(), ActivationBytes: act, GatheredUnits: e.rt.GatheredBuffers(), UnitBufferBytes: e.rt.BufferBytes()}
 }
 
 func (e *engine) PipelineStep() (*PipelineStep, error) {

@@ -28,6 +28,7 @@ import (
 	"github.com/titan-go/titan/internal/parallel/fsdp"
 	"github.com/titan-go/titan/internal/runstore"
 	"github.com/titan-go/titan/internal/tokenizer"
+	"github.com/titan-go/titan/internal/trace"
 )
 
 // Trainer holds one run's state.
@@ -67,6 +68,11 @@ type Trainer struct {
 	fam   model.Family
 	eng   parallel.Engine
 	pplan parallel.PipelinePlan
+	// obs follows the ranks' step times (observe.go), prof records
+	// the profiled steps (profile.go; nil without profiling).
+	obs  *observer
+	prof *profiler
+	mem  *memSnapper // memory snapshots (memsnap.go); nil when off
 }
 
 // Device is the compute device a trainer runs on; the caller (cmd/titan)
@@ -344,8 +350,11 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 	if tr.dist.Rank != 0 && !job.Metrics.SaveForAllRanks {
 		folder = "" // one metrics.jsonl per job, written by rank 0
 	}
-	tr.log, err = metrics.OpenWith(folder, tr.out, job.Training.Steps, metrics.Options{
-		Rank: tr.dist.Rank, SaveForAllRanks: job.Metrics.SaveForAllRanks, DisableColor: job.Metrics.DisableColorPrinting})
+	mo := metrics.Options{Rank: tr.dist.Rank, SaveForAllRanks: job.Metrics.SaveForAllRanks, DisableColor: job.Metrics.DisableColorPrinting}
+	if job.Metrics.EnableTensorboard {
+		mo.TensorBoardFolder = job.Metrics.SaveTBFolder
+	}
+	tr.log, err = metrics.OpenWith(folder, tr.out, job.Training.Steps, mo)
 	if err != nil {
 		return err
 	}
@@ -367,6 +376,13 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 	for _, w := range memplan.Warnings(job) {
 		tr.log.Printf("titan: warning: %s", w)
 	}
+	if tr.obs, err = tr.newObserver(); err != nil {
+		return err
+	}
+	if tr.prof, err = tr.newProfiler(tr.obs.hosts); err != nil {
+		return err
+	}
+	tr.mem = tr.newMemSnapper(tr.obs.hosts)
 	watch := memplan.NewLossWatch(tr.fam.VocabSize(), job.Optimizer.LR)
 	tr.logNotes()
 	if tr.Step > 0 {
@@ -396,9 +412,16 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 			}
 			return context.Canceled
 		}
+		tr.prof.beginStep(tr.Step + 1)
+		tr.mem.beginStep(tr.Step + 1)
+		tr.obs.begin()
 		loss, gnorm, lr, err := tr.TrainStep()
 		if err != nil {
 			return fmt.Errorf("step %d: %w", tr.Step+1, err)
+		}
+		tr.obs.end(tr.Step, loss)
+		if err := tr.mem.endStep(tr.Step); err != nil {
+			return err
 		}
 		if math.IsNaN(loss) || math.IsInf(loss, 0) {
 			return fmt.Errorf("step %d: loss is %v", tr.Step, loss)
@@ -460,9 +483,15 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 		}
 		ck := job.Checkpoint
 		if ck.Enable && tr.Step < job.Training.Steps && ck.Interval > 0 && tr.Step%ck.Interval == 0 {
-			if err := tr.save(false); err != nil {
+			span := trace.Begin(trace.CatCheckpoint, "checkpoint save")
+			err := tr.save(false)
+			span.End()
+			if err != nil {
 				return err
 			}
+		}
+		if err := tr.prof.endStep(tr.Step); err != nil {
+			return err
 		}
 	}
 	tr.elapsed += time.Since(start).Seconds()
@@ -484,16 +513,16 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 // context, which Ctrl-C cancels while ranks still have to agree to stop.
 var commCtx = context.Background()
 
-// agree reports whether any rank wants to stop.
+// agree reports whether any rank wants to stop. The same all-reduce
+// brings every rank's figures of the previous step to rank 0 (observer).
 func (tr *Trainer) agree(stop bool) (bool, error) {
-	if tr.dist.World == 1 {
-		return stop, nil
+	v := tr.obs.pack(stop)
+	if tr.dist.World > 1 {
+		if err := tr.dist.Group.AllReduce(commCtx, comm.F64(v), comm.Sum); err != nil {
+			return false, err
+		}
 	}
-	v := []float64{0}
-	if stop {
-		v[0] = 1
-	}
-	if err := tr.dist.Group.AllReduce(commCtx, comm.F64(v), comm.Sum); err != nil {
+	if err := tr.obs.received(v); err != nil {
 		return false, err
 	}
 	return v[0] > 0, nil
@@ -541,17 +570,24 @@ func (tr *Trainer) TrainStep() (loss, gradNorm, lr float64, err error) {
 	if err != nil {
 		return 0, 0, 0, err
 	}
+	span := trace.Begin(trace.CatCompute, "forward_backward")
 	sum, err := tr.eng.ForwardBackward(mine.Inputs, mine.Labels, tr.accum, 1/float32(targets))
+	span.End()
 	if err != nil {
 		return 0, 0, 0, err
 	}
+	span = trace.Begin(trace.CatCompute, "grad_norm")
 	sumSq, err := tr.eng.GradSumSquares()
+	span.End()
 	if err != nil {
 		return 0, 0, 0, err
 	}
 	norm, scale := optim.ClipScale(sumSq, float32(tr.Job.Training.MaxNorm))
 	lr = tr.Sched.LR(tr.Step - tr.schedStart)
-	if err := tr.Opt.Update(tr.eng.Params(), tr.eng.Grads(), float32(lr), scale); err != nil {
+	span = trace.Begin(trace.CatOptimizer, "optimizer")
+	err = tr.Opt.Update(tr.eng.Params(), tr.eng.Grads(), float32(lr), scale)
+	span.End()
+	if err != nil {
 		return 0, 0, 0, err
 	}
 	tr.eng.Updated()

@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/titan-go/titan/internal/backend"
+	"github.com/titan-go/titan/internal/trace"
 )
 
 // This file is the transformer block, written once: its forward, its
@@ -46,30 +47,50 @@ func (m *Model) layerForward(l int, out bool) error {
 	be, N, D := m.be, m.N, m.Cfg.Dim
 	a, p := &m.layers[l], &m.P.Layers[l]
 	// Attention: mid = resid[l] + wo(attn(rope(wq x), rope(wk x), wv x)), x = norm(resid[l]).
-	if err := m.normGather(a.attnNorm, a.attnRstd, m.seq, m.resid[l], p.AttnNorm); err != nil {
+	span := trace.Begin(trace.CatNorm, "attention_norm")
+	err := m.normGather(a.attnNorm, a.attnRstd, m.seq, m.resid[l], p.AttnNorm)
+	span.End()
+	if err != nil {
 		return err
 	}
+	span = trace.Begin(trace.CatGEMM, "qkv")
 	linear(be, a.q, a.attnNorm, p.Wq, N, D, m.nq, false)
 	linear(be, a.k, a.attnNorm, p.Wk, N, D, m.nkvd, false)
 	linear(be, a.v, a.attnNorm, p.Wv, N, D, m.nkvd, false)
+	span.End()
+	span = trace.Begin(trace.CatAttention, "attention")
 	m.rope(a.q, a.q, m.nh, false)
 	m.rope(a.k, a.k, m.nkv, false)
-	if err := m.attention(a); err != nil {
+	err = m.attention(a)
+	span.End()
+	if err != nil {
 		return err
 	}
-	if err := m.rowOut(a.mid, m.resid[l], a.attn, p.Wo, m.nq); err != nil {
+	span = trace.Begin(trace.CatGEMM, "wo")
+	err = m.rowOut(a.mid, m.resid[l], a.attn, p.Wo, m.nq)
+	span.End()
+	if err != nil {
 		return err
 	}
 	// Feed-forward: resid[l+1] = mid + w2(silu(w1 x) * w3 x), x = norm(mid).
-	if err := m.normGather(a.ffnNorm, a.ffnRstd, m.seq, a.mid, p.FFNNorm); err != nil {
+	span = trace.Begin(trace.CatNorm, "ffn_norm")
+	err = m.normGather(a.ffnNorm, a.ffnRstd, m.seq, a.mid, p.FFNNorm)
+	span.End()
+	if err != nil {
 		return err
 	}
+	span = trace.Begin(trace.CatGEMM, "w1_w3")
 	linear(be, a.h1, a.ffnNorm, p.W1, N, D, m.f, false)
 	linear(be, a.h3, a.ffnNorm, p.W3, N, D, m.f, false)
+	span.End()
+	span = trace.Begin(trace.CatElementw, "swiglu")
 	be.SwiGLUForward(a.hs, a.h1, a.h3, N*m.f)
+	span.End()
 	if !out {
 		return nil
 	}
+	span = trace.Begin(trace.CatGEMM, "w2")
+	defer span.End()
 	return m.rowOut(m.resid[l+1], a.mid, a.hs, p.W2, m.f)
 }
 
@@ -108,13 +129,22 @@ func (m *Model) layerBackward(l, u int, split bool) error {
 	if split {
 		dout = keep(o.ffnOut, dout)
 	}
+	span := trace.Begin(trace.CatGEMM, "w2_backward")
 	lin(m.dhs, func() backend.Tensor { return g().W2 }, dout, a.hs, p.W2, m.f, D, true)
+	span.End()
+	span = trace.Begin(trace.CatElementw, "swiglu_backward")
 	be.Zero(dh1)
 	be.Zero(dh3)
 	be.SwiGLUBackward(dh1, dh3, m.dhs, a.h1, a.h3, N*m.f)
+	span.End()
+	span = trace.Begin(trace.CatGEMM, "w1_w3_backward")
 	lin(m.full, func() backend.Tensor { return g().W1 }, dh1, a.ffnNorm, p.W1, D, m.f, true)
 	lin(m.full, func() backend.Tensor { return g().W3 }, dh3, a.ffnNorm, p.W3, D, m.f, false)
-	if err := m.normBackward(m.dres, g().FFNNorm, m.full, a.mid, p.FFNNorm, a.ffnRstd); err != nil {
+	span.End()
+	span = trace.Begin(trace.CatNorm, "ffn_norm_backward")
+	err = m.normBackward(m.dres, g().FFNNorm, m.full, a.mid, p.FFNNorm, a.ffnRstd)
+	span.End()
+	if err != nil {
 		return err
 	}
 
@@ -125,17 +155,28 @@ func (m *Model) layerBackward(l, u int, split bool) error {
 	if split {
 		dout = keep(o.attnOut, dout)
 	}
+	span = trace.Begin(trace.CatGEMM, "wo_backward")
 	lin(m.dat, func() backend.Tensor { return g().Wo }, dout, a.attn, p.Wo, m.nq, D, true)
-	if err := m.attentionBackward(a, dv); err != nil {
+	span.End()
+	span = trace.Begin(trace.CatAttention, "attention_backward")
+	err = m.attentionBackward(a, dv)
+	if err == nil {
+		be.Zero(dqr)
+		be.Zero(dkr)
+		m.rope(dqr, m.dq, m.nh, true)
+		m.rope(dkr, m.dk, m.nkv, true)
+	}
+	span.End()
+	if err != nil {
 		return err
 	}
-	be.Zero(dqr)
-	be.Zero(dkr)
-	m.rope(dqr, m.dq, m.nh, true)
-	m.rope(dkr, m.dk, m.nkv, true)
+	span = trace.Begin(trace.CatGEMM, "qkv_backward")
 	lin(m.full, func() backend.Tensor { return g().Wq }, dqr, a.attnNorm, p.Wq, D, m.nq, true)
 	lin(m.full, func() backend.Tensor { return g().Wk }, dkr, a.attnNorm, p.Wk, D, m.nkvd, false)
 	lin(m.full, func() backend.Tensor { return g().Wv }, dv, a.attnNorm, p.Wv, D, m.nkvd, false)
+	span.End()
+	span = trace.Begin(trace.CatNorm, "attention_norm_backward")
+	defer span.End()
 	return m.normBackward(m.dres, g().AttnNorm, m.full, m.resid[l], p.AttnNorm, a.attnRstd)
 }
 

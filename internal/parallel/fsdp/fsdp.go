@@ -25,6 +25,7 @@ package fsdp
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/comm"
@@ -322,6 +323,7 @@ func (r *Runtime) releaseParams(u int) {
 	if r.shard == nil || r.pbuf[u].Mem == nil {
 		return
 	}
+	gatheredBytes.Add(-int64(r.pbuf[u].Len) * 4)
 	r.pfree = append(r.pfree, whole(r.pbuf[u]))
 	r.pbuf[u] = backend.Tensor{}
 }
@@ -335,6 +337,7 @@ func (r *Runtime) gather(u int) error {
 	buf := r.paramBuf()
 	full := buf.Slice(0, r.Units[u].Len())
 	r.pbuf[u] = full
+	gatheredBytes.Add(int64(full.Len) * 4)
 	r.pwork[u] = r.shard.AllGatherAsync(ctx, comm.F32(host(r.local(r.Params, u))), comm.F32(host(full)))
 	if r.blocking {
 		return r.waitGather(u)
@@ -565,6 +568,16 @@ func (r *Runtime) Load(buf backend.Tensor, read func(lo int, dst []float32) erro
 	r.Invalidate()
 	return nil
 }
+
+// gatheredBytes is the memory of the gathered unit parameters in use,
+// over the process's runtimes (GatheredBytes).
+var gatheredBytes atomic.Int64
+
+// GatheredBytes is the memory of the units' gathered parameters in use
+// now (gathered or being gathered, not yet freed), over every Runtime of
+// the process: the part of FSDP's memory that rises and falls within a
+// step (memory snapshots sample it).
+func GatheredBytes() int64 { return gatheredBytes.Load() }
 
 // GatheredBuffers is the number of unit parameter buffers allocated so
 // far: the most units whose gathered parameters were alive at once.

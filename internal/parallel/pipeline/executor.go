@@ -8,6 +8,7 @@ import (
 
 	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/comm"
+	"github.com/titan-go/titan/internal/trace"
 )
 
 // Stage is one activation set of a model stage, what the executor runs
@@ -276,8 +277,9 @@ func (x *Executor) Run(actions [][]Action, inputs, labels []int32, per int, scal
 				}
 				x.be.Upload(set.Input(), in)
 			}
-			t0 := time.Now()
+			t0, span := time.Now(), trace.BeginAction("F", s, mb)
 			err = set.Forward(inputs[mb*per:(mb+1)*per], labels[mb*per:(mb+1)*per])
+			span.End()
 			timed(a.Kind, t0)
 			if err != nil {
 				return 0, err
@@ -301,13 +303,14 @@ func (x *Executor) Run(actions [][]Action, inputs, labels []int32, per int, scal
 				}
 				x.be.Upload(set.GradOutput(), g)
 			}
-			t0 := time.Now()
+			t0, span := time.Now(), trace.BeginAction(a.Kind.String(), s, mb)
 			var err error
 			if a.Kind == Backward {
 				err = set.Backward(scale)
 			} else {
 				err = set.BackwardInput(scale)
 			}
+			span.End()
 			timed(a.Kind, t0)
 			if err != nil {
 				return 0, err
@@ -321,8 +324,9 @@ func (x *Executor) Run(actions [][]Action, inputs, labels []int32, per int, scal
 				x.release(s, mb)
 			}
 		case BackwardWeight:
-			t0 := time.Now()
+			t0, span := time.Now(), trace.BeginAction("W", s, mb)
 			err := x.live[[2]int{s, mb}].BackwardWeight()
+			span.End()
 			timed(a.Kind, t0)
 			if err != nil {
 				return 0, err
