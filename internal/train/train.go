@@ -199,6 +199,10 @@ func New(job *config.Job, dev Device, out io.Writer, dist *Dist) (*Trainer, erro
 	// MFU is the job's model FLOPs over the job's peak.
 	tr.peakFLOPS = dev.PeakFLOPS * float64(max(tr.dist.Hosts, 1))
 	tr.ckptFolder = filepath.Join(job.Job.DumpFolder, job.Checkpoint.Folder)
+	tr.ck.lastFull = -1
+	if err := tr.agreeSession(); err != nil {
+		return nil, err
+	}
 	tr.eng.Init(tr.seed)
 	if err := tr.restore(); err != nil {
 		return nil, err
@@ -348,6 +352,12 @@ func (tr *Trainer) Close() {
 // every logged step and how it ended.
 func (tr *Trainer) Run(ctx context.Context) (err error) {
 	job := tr.Job
+	// Every exit waits for a save in flight; its error is the run's.
+	defer func() {
+		if werr := tr.waitSave(); err == nil {
+			err = werr
+		}
+	}()
 	folder := job.Job.DumpFolder
 	if tr.dist.Rank != 0 && !job.Metrics.SaveForAllRanks {
 		folder = "" // one metrics.jsonl per job, written by rank 0
@@ -377,8 +387,14 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 	}
 	watch := memplan.NewLossWatch(tr.fam.VocabSize(), job.Optimizer.LR)
 	tr.logNotes()
+	if job.Checkpoint.CreateSeedCheckpoint {
+		return tr.createSeed()
+	}
 	if tr.Step > 0 {
 		tr.log.Printf("titan: resumed from %s at step %d", checkpointDir(tr.ckptFolder, tr.Step), tr.Step)
+	}
+	if job.Checkpoint.Enable && job.Checkpoint.LoadOnly {
+		tr.log.Printf("titan: checkpoint.load_only: no checkpoint will be saved")
 	}
 	if tr.Step >= job.Training.Steps {
 		tr.log.Printf("titan: already trained %d of %d steps; nothing to do", tr.Step, job.Training.Steps)
@@ -393,21 +409,27 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 	var lossSum float64
 	var lossN int
 	for tr.Step < job.Training.Steps {
+		// A background save that failed fails the run here.
+		if err := tr.pollSave(); err != nil {
+			return err
+		}
 		stop, err := tr.agree(ctx.Err() != nil)
 		if err != nil {
 			return err
 		}
 		if stop {
 			tr.log.Printf("titan: interrupted after step %d; saving a checkpoint", tr.Step)
-			if err := tr.save(false); err != nil {
+			if err := tr.save(false, true); err != nil {
 				return err
 			}
 			return context.Canceled
 		}
+		stepStart := time.Now()
 		loss, gnorm, lr, err := tr.TrainStep()
 		if err != nil {
 			return fmt.Errorf("step %d: %w", tr.Step+1, err)
 		}
+		tr.ck.stepS = time.Since(stepStart).Seconds()
 		if math.IsNaN(loss) || math.IsInf(loss, 0) {
 			return fmt.Errorf("step %d: loss is %v", tr.Step, loss)
 		}
@@ -467,8 +489,10 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 			windowStart, windowTokens, lossSum, lossN = time.Now(), 0, 0, 0
 		}
 		ck := job.Checkpoint
-		if ck.Enable && tr.Step < job.Training.Steps && ck.Interval > 0 && tr.Step%ck.Interval == 0 {
-			if err := tr.save(false); err != nil {
+		interval := ck.Interval > 0 && tr.Step%ck.Interval == 0
+		first := ck.EnableFirstStepCheckpoint && tr.Step == 1
+		if ck.Enable && tr.Step < job.Training.Steps && (interval || first) {
+			if err := tr.save(false, false); err != nil {
 				return err
 			}
 		}
