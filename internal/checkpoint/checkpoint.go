@@ -274,6 +274,38 @@ type Reader struct {
 	// verified are the chunks whose checksum has been checked: reads
 	// of them fetch only the bytes asked for.
 	verified map[chunkKey]bool
+	// files are the data files opened so far (see Close).
+	files map[string]*os.File
+}
+
+// file returns the open data file path.
+func (r *Reader) file(path string) (*os.File, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if f, ok := r.files[path]; ok {
+		return f, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	if r.files == nil {
+		r.files = map[string]*os.File{}
+	}
+	r.files[path] = f
+	return f, nil
+}
+
+// Close closes the data files the reader opened; it may still be used
+// (files are opened again).
+func (r *Reader) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for p, f := range r.files {
+		f.Close()
+		delete(r.files, p)
+	}
+	return nil
 }
 
 type chunkKey struct {
@@ -382,11 +414,10 @@ func (r *Reader) readChunk(name string, i int, c Chunk, at int, dst []float32) e
 	ok := r.verified[key]
 	r.mu.Unlock()
 	path := filepath.Join(r.Dir, c.File)
-	f, err := os.Open(path)
+	f, err := r.file(path)
 	if err != nil {
-		return fmt.Errorf("checkpoint: %w", err)
+		return err
 	}
-	defer f.Close()
 	pos, n := c.Pos+4*int64(at), len(dst)
 	if !ok {
 		pos, n = c.Pos, c.Len

@@ -321,3 +321,18 @@ func (tr *Trainer) agreeSession() error {
 	tr.ck.session = strings.TrimRight(string(b), "\x00")
 	return nil
 }
+
+// ResaveEnv names the environment variable that makes a run save the
+// state it starts from (after loading a checkpoint) as a full checkpoint
+// into the folder it names, before training: the resharding tests read
+// it back to show that what a layout loaded is bit for bit what another
+// saved.
+const ResaveEnv = "TITAN_TEST_RESAVE"
+
+// resave saves the current state into folder (see ResaveEnv).
+func (tr *Trainer) resave(folder string) error {
+	own, last := tr.ckptFolder, tr.ck.lastFull
+	defer func() { tr.ckptFolder, tr.ck.lastFull = own, last }()
+	tr.ckptFolder = folder
+	return tr.save(false, true)
+}

@@ -269,6 +269,7 @@ func openVerified(dir string) (*checkpoint.Reader, error) {
 		return nil, err
 	}
 	if err := r.Verify(); err != nil {
+		r.Close()
 		return nil, err
 	}
 	return r, nil
@@ -291,6 +292,7 @@ func (tr *Trainer) paramsTensor() backend.Tensor {
 }
 
 func (tr *Trainer) loadModelOnly(r *checkpoint.Reader, step int) error {
+	defer r.Close()
 	if err := tr.loadTensor(r, "model/", tr.paramsTensor()); err != nil {
 		return err
 	}
@@ -299,6 +301,7 @@ func (tr *Trainer) loadModelOnly(r *checkpoint.Reader, step int) error {
 }
 
 func (tr *Trainer) loadFull(r *checkpoint.Reader) error {
+	defer r.Close()
 	raw, err := r.Blob(checkpoint.TrainStateBlob)
 	if err != nil {
 		return err

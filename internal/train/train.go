@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -392,6 +393,11 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 	}
 	if tr.Step > 0 {
 		tr.log.Printf("titan: resumed from %s at step %d", checkpointDir(tr.ckptFolder, tr.Step), tr.Step)
+	}
+	if dir := os.Getenv(ResaveEnv); dir != "" && job.Checkpoint.Enable {
+		if err := tr.resave(dir); err != nil {
+			return err
+		}
 	}
 	if job.Checkpoint.Enable && job.Checkpoint.LoadOnly {
 		tr.log.Printf("titan: checkpoint.load_only: no checkpoint will be saved")
