@@ -14,6 +14,8 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 )
 
@@ -161,7 +163,7 @@ func (p *Pending) writeData(rank int, shards []Shard, tensors map[string]TensorM
 		tensors[s.Name] = tm
 		pos += int64(4 * len(s.Data))
 		if hook := writeHook; hook != nil {
-			hook(p.Dir, s.Name)
+			hook(p.Step, p.Dir, s.Name)
 		}
 	}
 	if err := closeSynced(f); err != nil {
@@ -170,23 +172,34 @@ func (p *Pending) writeData(rank int, shards []Shard, tensors map[string]TensorM
 	return nil
 }
 
-// writeHook, when set, is called after every shard written (tests pause
-// a save there to kill it mid-way; see the TITAN_TEST_SAVE_PAUSE
-// environment variable).
-var writeHook func(dir, tensor string)
+// writeHook, when set, is called after every shard written (see
+// PauseEnv).
+var writeHook func(step int, dir, tensor string)
+
+// PauseEnv names the environment variable with which a test of kill -9
+// during a save makes a process pause in the middle of writing a
+// checkpoint: "<step>:<duration>" pauses every rank's writing of step's
+// checkpoint after its first shard for duration, announcing it with a
+// file "<temporary folder>.writing-<pid>" beside the folder.
+const PauseEnv = "TITAN_TEST_SAVE_PAUSE"
 
 func init() {
-	// A test of kill -9 during a save makes a training process pause
-	// after the first shard of every save, announcing it with a file.
-	if pause := os.Getenv("TITAN_TEST_SAVE_PAUSE"); pause != "" {
-		d, err := time.ParseDuration(pause)
-		if err != nil {
+	v := os.Getenv(PauseEnv)
+	at, dur, ok := strings.Cut(v, ":")
+	step, err1 := strconv.Atoi(at)
+	d, err2 := time.ParseDuration(dur)
+	if !ok || err1 != nil || err2 != nil {
+		return
+	}
+	var once sync.Once
+	writeHook = func(s int, dir, tensor string) {
+		if s != step {
 			return
 		}
-		writeHook = func(dir, tensor string) {
-			os.WriteFile(dir+".writing", []byte(tensor), 0o644)
+		once.Do(func() {
+			os.WriteFile(fmt.Sprintf("%s.writing-%d", dir, os.Getpid()), []byte(tensor), 0o644)
 			time.Sleep(d)
-		}
+		})
 	}
 }
 
