@@ -274,13 +274,13 @@ func (p *Pending) Commit(layout Layout, timeout time.Duration) error {
 	}
 	final := StepDir(p.Folder, p.Step)
 	if _, err := os.Stat(final); err == nil {
-		// Move the old one aside under a name of this process's own (an
-		// empty folder a directory rename may replace), then drop it.
+		// Move the old one aside into a folder of this process's own
+		// (cleanup knows whose it is), then drop it.
 		old, err := os.MkdirTemp(p.Folder, tmpPrefix(fmt.Sprintf("old-step-%d", p.Step)))
 		if err != nil {
 			return fmt.Errorf("checkpoint: %w", err)
 		}
-		if err := os.Rename(final, old); err != nil {
+		if err := os.Rename(final, filepath.Join(old, "step")); err != nil {
 			os.Remove(old)
 			return fmt.Errorf("checkpoint: %w", err)
 		}

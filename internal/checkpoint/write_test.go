@@ -227,3 +227,25 @@ func TestReadAfterVerifyReadsRanges(t *testing.T) {
 		t.Fatalf("corrupt chunk read: %v", err)
 	}
 }
+
+// TestSaveReplacesTheSameStep: saving a step again replaces its
+// checkpoint with the new one (and leaves no folder aside).
+func TestSaveReplacesTheSameStep(t *testing.T) {
+	folder := t.TempDir()
+	for i := 1; i <= 3; i++ {
+		if err := Save(folder, 5, []Shard{{Name: "w", Shape: []int{1}, Data: []float32{float32(i)}}}, nil); err != nil {
+			t.Fatalf("save %d: %v", i, err)
+		}
+	}
+	rd, err := Open(StepDir(folder, 5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]float32, 1)
+	if err := rd.Read("w", 0, got); err != nil || got[0] != 3 {
+		t.Fatalf("step 5 holds %v (%v), want the last save's 3", got, err)
+	}
+	if ents, _ := os.ReadDir(folder); len(ents) != 1 {
+		t.Errorf("folder holds %d entries, want only step-5", len(ents))
+	}
+}
