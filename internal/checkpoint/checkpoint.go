@@ -39,12 +39,10 @@
 package checkpoint
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"hash/crc32"
 	"io"
-	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -53,6 +51,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 )
 
 // Version is the metadata format version this package writes: 2, the
@@ -403,40 +402,62 @@ func (r *Reader) Read(name string, offset int, dst []float32) error {
 }
 
 // readChunk fills dst with elements [at, at+len(dst)) of chunk i (c) of
-// tensor name.
+// tensor name, checking the chunk's checksum first if no read has yet.
 func (r *Reader) readChunk(name string, i int, c Chunk, at int, dst []float32) error {
 	if r.mem != nil {
 		copy(dst, r.mem[name][c.Offset+at:])
 		return nil
 	}
-	key := chunkKey{name, i}
-	r.mu.Lock()
-	ok := r.verified[key]
-	r.mu.Unlock()
 	path := filepath.Join(r.Dir, c.File)
 	f, err := r.file(path)
 	if err != nil {
 		return err
 	}
-	pos, n := c.Pos+4*int64(at), len(dst)
+	key := chunkKey{name, i}
+	r.mu.Lock()
+	ok := r.verified[key]
+	r.mu.Unlock()
 	if !ok {
-		pos, n = c.Pos, c.Len
-	}
-	buf := make([]byte, 4*n)
-	if _, err := f.ReadAt(buf, pos); err != nil {
-		return fmt.Errorf("checkpoint: %s is truncated (reading %s at byte %d): %w", path, name, pos, err)
-	}
-	if !ok {
-		if got := crc32.Checksum(buf, castagnoli); got != c.CRC32C {
-			return fmt.Errorf("checkpoint: checksum mismatch in %s for %s (crc32c %08x, metadata says %08x): the file is corrupt", path, name, got, c.CRC32C)
+		if err := verifyChunk(f, path, name, c); err != nil {
+			return err
 		}
 		r.mu.Lock()
 		r.verified[key] = true
 		r.mu.Unlock()
-		buf = buf[4*at : 4*(at+len(dst))]
 	}
-	for j := range dst {
-		dst[j] = math.Float32frombits(binary.LittleEndian.Uint32(buf[4*j:]))
+	if len(dst) == 0 {
+		return nil
+	}
+	pos := c.Pos + 4*int64(at)
+	var b []byte
+	if nativeLE {
+		b = unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), 4*len(dst)) // straight into dst
+	} else {
+		b = make([]byte, 4*len(dst))
+	}
+	if _, err := f.ReadAt(b, pos); err != nil {
+		return fmt.Errorf("checkpoint: %s is truncated (reading %s at byte %d): %w", path, name, pos, err)
+	}
+	if !nativeLE {
+		fromLE(dst, b)
+	}
+	return nil
+}
+
+// verifyChunk checks chunk c's checksum, reading it in blocks.
+func verifyChunk(f *os.File, path, name string, c Chunk) error {
+	buf := make([]byte, min(4*int64(c.Len), 4<<20))
+	crc := uint32(0)
+	for off, end := c.Pos, c.Pos+4*int64(c.Len); off < end; {
+		n := min(int64(len(buf)), end-off)
+		if _, err := f.ReadAt(buf[:n], off); err != nil {
+			return fmt.Errorf("checkpoint: %s is truncated (reading %s at byte %d): %w", path, name, off, err)
+		}
+		crc = crc32.Update(crc, castagnoli, buf[:n])
+		off += n
+	}
+	if crc != c.CRC32C {
+		return fmt.Errorf("checkpoint: checksum mismatch in %s for %s (crc32c %08x, metadata says %08x): the file is corrupt", path, name, crc, c.CRC32C)
 	}
 	return nil
 }
@@ -468,7 +489,7 @@ func (r *Reader) Verify() error {
 			if c.Len == 0 {
 				continue
 			}
-			if err := r.readChunk(name, i, c, 0, make([]float32, min(c.Len, 1))); err != nil {
+			if err := r.readChunk(name, i, c, 0, nil); err != nil {
 				return err
 			}
 		}

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 )
 
 // CommitMarker is the file whose presence makes a version 2 step folder
@@ -144,12 +145,10 @@ func (p *Pending) writeData(rank int, shards []Shard, tensors map[string]TensorM
 		crc := uint32(0)
 		for i := 0; i < len(s.Data); {
 			n := min(len(s.Data)-i, cap(buf)/4)
-			buf = buf[:4*n]
-			for j := 0; j < n; j++ {
-				binary.LittleEndian.PutUint32(buf[4*j:], math.Float32bits(s.Data[i+j]))
-			}
-			crc = crc32.Update(crc, castagnoli, buf)
-			if _, err := f.Write(buf); err != nil {
+			chunk := s.Data[i : i+n]
+			b := leBytes(chunk, buf)
+			crc = crc32.Update(crc, castagnoli, b)
+			if _, err := f.Write(b); err != nil {
 				f.Close()
 				return fmt.Errorf("checkpoint: writing %s: %w", s.Name, err)
 			}
@@ -170,6 +169,38 @@ func (p *Pending) writeData(rank int, shards []Shard, tensors map[string]TensorM
 		return fmt.Errorf("checkpoint: %w", err)
 	}
 	return nil
+}
+
+// nativeLE reports whether this machine stores float32 little-endian, as
+// the data files do: then the bytes of a []float32 are written and read
+// as they are, without conversion.
+var nativeLE = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+// leBytes returns x as little-endian bytes: x's own memory on a
+// little-endian machine, else encoded into buf (4·len(x) bytes of room).
+func leBytes(x []float32, buf []byte) []byte {
+	if len(x) == 0 {
+		return nil
+	}
+	if nativeLE {
+		return unsafe.Slice((*byte)(unsafe.Pointer(&x[0])), 4*len(x))
+	}
+	buf = buf[:4*len(x)]
+	for j, v := range x {
+		binary.LittleEndian.PutUint32(buf[4*j:], math.Float32bits(v))
+	}
+	return buf
+}
+
+// fromLE decodes little-endian bytes b into dst (len(b) = 4·len(dst)).
+func fromLE(dst []float32, b []byte) {
+	if nativeLE && len(dst) > 0 {
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), 4*len(dst)), b)
+		return
+	}
+	for j := range dst {
+		dst[j] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*j:]))
+	}
 }
 
 // writeHook, when set, is called after every shard written (see
