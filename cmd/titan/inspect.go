@@ -47,6 +47,7 @@ func inspectCheckpoint(out io.Writer, arg string, verify bool) error {
 	if err != nil {
 		return err
 	}
+	defer r.Close()
 	m := r.Meta
 	what := "full: model, optimizer, data loader and training state (a run resumes from it exactly)"
 	if !m.Full() {

@@ -47,6 +47,7 @@ func FuzzOpen(f *testing.F) {
 		if err != nil {
 			return
 		}
+		defer r.Close()
 		_ = r.Verify()
 		for name, tm := range r.Meta.Tensors {
 			for _, c := range tm.Chunks {

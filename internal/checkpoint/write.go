@@ -439,5 +439,5 @@ func Reseal(dir string) error {
 	var m struct{ Step int }
 	json.Unmarshal(raw, &m)
 	mk, _ := json.Marshal(marker{Step: m.Step, MetadataCRC32C: crc32.Checksum(raw, castagnoli)})
-	return writeFileSynced(filepath.Join(dir, CommitMarker), mk)
+	return os.WriteFile(filepath.Join(dir, CommitMarker), mk, 0o644)
 }
