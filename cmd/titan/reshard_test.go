@@ -6,8 +6,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"sort"
-	"strings"
 	"testing"
 	"time"
 
@@ -168,18 +166,4 @@ func TestReshardingMatrix(t *testing.T) {
 		}
 	}
 	t.Logf("matrix of %d layouts: %v", len(reshardLayouts), time.Since(start).Round(time.Second))
-}
-
-// stepNames lists the step folders of a checkpoint folder, sorted.
-func stepNames(t *testing.T, folder string) []string {
-	t.Helper()
-	ents, _ := os.ReadDir(folder)
-	var out []string
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), "step-") {
-			out = append(out, e.Name())
-		}
-	}
-	sort.Strings(out)
-	return out
 }

@@ -37,7 +37,9 @@ type Engine interface {
 	Init(seed uint64)
 	// GatherFull returns the whole flat tensor (one process's layout) of
 	// which buf (Params or an optimizer moment) holds this rank's share,
-	// on rank 0 (nil on some others). Every rank must call it.
+	// on rank 0 (nil on some others). Every rank must call it. Saves do
+	// not use it (see Shards); it is the tests' reference of the whole
+	// state.
 	GatherFull(buf backend.Tensor) ([]float32, error)
 	// Load fills buf (Params or an optimizer moment) with this rank's
 	// share of the whole tensors prefix+<parameter> of checkpoint r.
