@@ -392,7 +392,7 @@ func (p *Pending) waitParts(timeout time.Duration) ([]part, error) {
 				}
 			}
 			sort.Strings(missing)
-			return nil, fmt.Errorf("checkpoint: step %d: no part from rank(s) %v after %v (a rank died or is stuck before its save)", p.Step, missing, timeout)
+			return nil, fmt.Errorf("checkpoint: step %d: no part from rank(s) %v after %v (a rank died or is stuck before its save, or the checkpoint folder is not shared between the ranks' hosts)", p.Step, missing, timeout)
 		}
 		time.Sleep(delay)
 		delay = min(2*delay, 50*time.Millisecond)
