@@ -7,7 +7,7 @@ PKGS    := ./...
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null)
 LDFLAGS := $(if $(VERSION),-X github.com/titan-go/titan/internal/version.Version=$(VERSION))
 
-.PHONY: all build train test test-race fuzz bench bench-gemm bench-bf16 bench-step bench-comm bench-generate bench-aggify lint fmt vet clean golden
+.PHONY: all build train test test-race fuzz bench bench-gemm bench-bf16 bench-step bench-comm bench-generate bench-aggify bench-checkpoint lint fmt vet clean golden
 
 all: build
 
@@ -61,6 +61,12 @@ bench-step: build
 ## bench-comm: allreduce bus bandwidth against PyTorch's Gloo, side by side.
 bench-comm:
 	bash bench/gloo/compare.sh
+
+## bench-checkpoint: how long a save blocks the training loop (each
+## checkpoint.async_mode, debug model) and save/load throughput against dd
+## on the same disk, side by side (bench/checkpoint).
+bench-checkpoint: build
+	bash bench/checkpoint/compare.sh
 
 ## bench-aggify: a cursor loop (Go client over fetched rows, PL/pgSQL) against
 ## its Aggify rewrite on a throwaway PostgreSQL and on SQLite, 1,000 runs ×

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 
 	"github.com/spf13/cobra"
 
@@ -55,23 +54,7 @@ transformers' LlamaForCausalLM loads, plus the checkpoint's tokenizer files.`,
 			if err != nil {
 				return err
 			}
-			if m.Desc.Name == "hyena" {
-				return fmt.Errorf("%s holds a hyena model: Hugging Face export is not supported for hyena yet", ckpt)
-			}
-			opts := hf.ExportOptions{MaxShardBytes: shard}
-			if b := m.Tokenizer.BOS(); b >= 0 {
-				opts.BOS = &b
-			}
-			if e := m.Tokenizer.EOS(); e >= 0 {
-				opts.EOS = []int{e}
-			}
-			if err := os.MkdirAll(out, 0o755); err != nil {
-				return err
-			}
-			if err := hf.Export(out, m.Desc.Config, m.Params, dtype, opts); err != nil {
-				return err
-			}
-			if err := modelfile.CopyTokenizerFiles(m.Dir, out); err != nil {
+			if err := hf.ExportModel(m, out, dtype, shard); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "exported %s to %s (%s)\n", m.Dir, out, dtype)

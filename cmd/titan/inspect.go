@@ -47,12 +47,17 @@ func inspectCheckpoint(out io.Writer, arg string, verify bool) error {
 	if err != nil {
 		return err
 	}
+	defer r.Close()
 	m := r.Meta
 	what := "full: model, optimizer, data loader and training state (a run resumes from it exactly)"
 	if !m.Full() {
 		what = "model-only: weights and model description, no training state (use it as checkpoint.initial_load_path)"
 	}
-	fmt.Fprintf(out, "%s: step %d, format version %d\ncontents: %s\n", dir, m.Step, m.Version, what)
+	commit := "committed (marker " + checkpoint.CommitMarker + " matches metadata.json)"
+	if m.Version < 2 {
+		commit = "complete (format version 1: metadata.json marks it)"
+	}
+	fmt.Fprintf(out, "%s: step %d, format version %d, %s\ncontents: %s\n", dir, m.Step, m.Version, commit, what)
 	if raw, err := r.Blob(modelfile.ConfigBlob); err == nil {
 		fmt.Fprintf(out, "model: %s\n", raw)
 	}
@@ -71,18 +76,34 @@ func inspectCheckpoint(out io.Writer, arg string, verify bool) error {
 		}
 	}
 	sort.Strings(names)
-	fileNames := make([]string, 0, len(files))
-	for f := range files {
-		fileNames = append(fileNames, f)
+	if m.Layout != nil {
+		fmt.Fprintf(out, "saved under: %s\n", m.Layout)
+	} else {
+		fmt.Fprintln(out, "saved under: an unrecorded layout (format version 1: one writer)")
 	}
-	sort.Strings(fileNames)
-	fmt.Fprintf(out, "layout: %d data file(s)\n", len(fileNames))
-	for _, f := range fileNames {
-		size := int64(-1)
-		if st, err := os.Stat(filepath.Join(dir, f)); err == nil {
-			size = st.Size()
+	if len(m.Ranks) > 0 {
+		fmt.Fprintf(out, "shards: %d rank(s) wrote their own data files\n", len(m.Ranks))
+		for _, p := range m.Ranks {
+			file := p.File
+			if file == "" {
+				file = "(none: a replica)"
+			}
+			fmt.Fprintf(out, "  rank %-5d %-20s %d chunks, %s\n", p.Rank, file, p.Chunks, humanBytes(p.Bytes))
 		}
-		fmt.Fprintf(out, "  %-20s %d chunks, %s\n", f, files[f], humanBytes(size))
+	} else {
+		fileNames := make([]string, 0, len(files))
+		for f := range files {
+			fileNames = append(fileNames, f)
+		}
+		sort.Strings(fileNames)
+		fmt.Fprintf(out, "shards: %d data file(s)\n", len(fileNames))
+		for _, f := range fileNames {
+			size := int64(-1)
+			if st, err := os.Stat(filepath.Join(dir, f)); err == nil {
+				size = st.Size()
+			}
+			fmt.Fprintf(out, "  %-20s %d chunks, %s\n", f, files[f], humanBytes(size))
+		}
 	}
 	for _, n := range names {
 		t := m.Tensors[n]

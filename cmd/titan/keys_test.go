@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -14,6 +15,8 @@ import (
 	"testing"
 
 	"github.com/titan-go/titan/internal/config"
+	"github.com/titan-go/titan/internal/hf"
+	"github.com/titan-go/titan/internal/modelfile"
 	"github.com/titan-go/titan/internal/runstore"
 )
 
@@ -416,8 +419,36 @@ var keyTable = map[string]keyCheck{
 		dirs := stepDirs(t, src, "checkpoint")
 		h.differs(t, "loss", "checkpoint.enable=true", "checkpoint.initial_load_path="+filepath.Join(src.dump, "checkpoint", dirs[len(dirs)-1]))
 	}},
-	"checkpoint.initial_load_model_only": {refuse: "false"},
-	"checkpoint.initial_load_in_hf":      {refuse: "true"},
+	"checkpoint.initial_load_model_only": {check: func(t *testing.T, h *keysHarness) {
+		// false: the full state of the checkpoint (its step, optimizer and
+		// data position), so training goes on at step 4.
+		src := h.ok(t, "checkpoint.enable=true", "checkpoint.last_save_model_only=false")
+		from := "checkpoint.initial_load_path=" + filepath.Join(src.dump, "checkpoint", "step-3")
+		full := h.ok(t, "checkpoint.enable=true", from, "checkpoint.initial_load_model_only=false", "training.steps=5").col(t, "loss")
+		if _, ok := full[1]; ok || len(full) != 2 {
+			t.Errorf("initial_load_model_only=false logged steps %v, want 4 and 5", full)
+		}
+		weights := h.ok(t, "checkpoint.enable=true", from, "checkpoint.initial_load_model_only=true", "training.steps=5").col(t, "loss")
+		if len(weights) != 5 {
+			t.Errorf("initial_load_model_only=true logged steps %v, want 1 to 5", weights)
+		}
+	}},
+	"checkpoint.initial_load_in_hf": {check: func(t *testing.T, h *keysHarness) {
+		// The weights of a Hugging Face export train exactly as the titan
+		// checkpoint they came from, and unlike the recipe's initial ones.
+		src := h.ok(t, "checkpoint.enable=true")
+		step := filepath.Join(src.dump, "checkpoint", "step-3")
+		hfDir := filepath.Join(t.TempDir(), "hf")
+		if out, err := titan(t, "checkpoint", "export", "--checkpoint", step, "--hf", hfDir); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		fromHF := h.ok(t, "checkpoint.enable=true", "checkpoint.initial_load_path="+hfDir, "checkpoint.initial_load_in_hf=true")
+		fromTitan := h.ok(t, "checkpoint.enable=true", "checkpoint.initial_load_path="+step)
+		if a, b := fromHF.col(t, "loss"), fromTitan.col(t, "loss"); !reflect.DeepEqual(a, b) {
+			t.Errorf("losses from the Hugging Face folder %v, from the titan checkpoint %v", a, b)
+		}
+		h.differs(t, "loss", "checkpoint.enable=true", "checkpoint.initial_load_path="+hfDir, "checkpoint.initial_load_in_hf=true")
+	}},
 	"checkpoint.last_save_model_only": {check: func(t *testing.T, h *keysHarness) {
 		full := h.ok(t, "checkpoint.enable=true", "checkpoint.last_save_model_only=false")
 		lite := h.ok(t, "checkpoint.enable=true", "checkpoint.last_save_model_only=true")
@@ -425,9 +456,48 @@ var keyTable = map[string]keyCheck{
 			t.Errorf("full last save %d bytes, model-only %d", a, b)
 		}
 	}},
-	"checkpoint.last_save_in_hf": {refuse: "true"},
-	"checkpoint.export_dtype":    {refuse: "bfloat16"},
-	"checkpoint.async_mode":      {refuse: "async"},
+	"checkpoint.last_save_in_hf": {check: func(t *testing.T, h *keysHarness) {
+		// The Hugging Face folder holds the final weights exactly.
+		r := h.ok(t, "checkpoint.enable=true", "checkpoint.last_save_in_hf=true")
+		got := hfWeights(t, filepath.Join(r.dump, "checkpoint", "hf-step-3"))
+		want := finalWeights(t, filepath.Join(r.dump, "checkpoint", "step-3"))
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("weight %d: %v exported, %v in the checkpoint", i, got[i], want[i])
+			}
+		}
+		h.ok(t, "checkpoint.enable=true").exists(t, "checkpoint/hf-step-3", false)
+	}},
+	"checkpoint.export_dtype": {check: func(t *testing.T, h *keysHarness) {
+		// bfloat16: the final weights rounded to nearest even, in half
+		// the bytes.
+		r := h.ok(t, "checkpoint.enable=true", "checkpoint.last_save_in_hf=true", "checkpoint.export_dtype=bfloat16")
+		f32 := h.ok(t, "checkpoint.enable=true", "checkpoint.last_save_in_hf=true")
+		dir := filepath.Join(r.dump, "checkpoint", "hf-step-3")
+		got := hfWeights(t, dir)
+		want := finalWeights(t, filepath.Join(r.dump, "checkpoint", "step-3"))
+		for i := range want {
+			if b := bf16RNE(want[i]); math.Float32bits(got[i]) != b {
+				t.Fatalf("weight %d: %08x exported, %v rounds to %08x", i, math.Float32bits(got[i]), want[i], b)
+			}
+		}
+		if a, b := dirSize(t, r, "checkpoint/hf-step-3"), dirSize(t, f32, "checkpoint/hf-step-3"); a*3 > b*2 {
+			t.Errorf("bfloat16 export %d bytes, float32 %d", a, b)
+		}
+	}},
+	"checkpoint.async_mode": {check: func(t *testing.T, h *keysHarness) {
+		// Both modes save in the background (the log says so) exactly
+		// the state a synchronous save writes.
+		sync := h.ok(t, "checkpoint.enable=true", "checkpoint.interval=1", "checkpoint.keep_latest_k=0", "checkpoint.async_mode=disabled")
+		for _, mode := range []string{"async", "async_with_pinned_mem"} {
+			sets := []string{"checkpoint.enable=true", "checkpoint.interval=1", "checkpoint.keep_latest_k=0", "checkpoint.async_mode=" + mode}
+			h.logDiffers(t, `checkpoint step-2 \(full state\): loop blocked [0-9.]+ ms \([0-9.]+% of a step\), written in the background`, sets...)
+			r := h.ok(t, sets...)
+			for _, step := range []string{"step-1", "step-2"} {
+				sameState(t, mode+" "+step, filepath.Join(sync.dump, "checkpoint", step), filepath.Join(r.dump, "checkpoint", step), "step", "optimizer_step", "seed")
+			}
+		}
+	}},
 	"checkpoint.keep_latest_k": {check: func(t *testing.T, h *keysHarness) {
 		r := h.ok(t, "checkpoint.enable=true", "checkpoint.interval=1", "checkpoint.keep_latest_k=2")
 		if n := len(stepDirs(t, r, "checkpoint")); n != 2 {
@@ -453,9 +523,71 @@ var keyTable = map[string]keyCheck{
 			t.Errorf("exclude train_state: %v\n%s", err, out)
 		}
 	}},
-	"checkpoint.enable_first_step_checkpoint": {refuse: "true"},
-	"checkpoint.create_seed_checkpoint":       {refuse: "true"},
-	"checkpoint.load_only":                    {refuse: "true"},
+	"checkpoint.enable_first_step_checkpoint": {check: func(t *testing.T, h *keysHarness) {
+		r := h.ok(t, "checkpoint.enable=true", "checkpoint.enable_first_step_checkpoint=true", "checkpoint.keep_latest_k=0")
+		if got := stepDirs(t, r, "checkpoint"); !reflect.DeepEqual(got, []string{"step-1", "step-3"}) {
+			t.Errorf("first-step checkpoint: step folders %v, want step-1 and step-3", got)
+		}
+		if got := stepDirs(t, h.ok(t, "checkpoint.enable=true", "checkpoint.keep_latest_k=0"), "checkpoint"); !reflect.DeepEqual(got, []string{"step-3"}) {
+			t.Errorf("without it: step folders %v", got)
+		}
+	}},
+	"checkpoint.create_seed_checkpoint": {check: func(t *testing.T, h *keysHarness) {
+		// The seed (made with training.seed 7) holds the model only, at
+		// step 0, and nothing is trained; a run (seed 8) in its folder
+		// starts from those weights: as from initial_load_path, unlike
+		// from its own initial weights.
+		seed := h.ok(t, "checkpoint.enable=true", "checkpoint.create_seed_checkpoint=true", "training.seed=7")
+		if got := stepDirs(t, seed, "checkpoint"); !reflect.DeepEqual(got, []string{"step-0"}) {
+			t.Fatalf("seed checkpoint folders %v", got)
+		}
+		if k := kindOf(t, seed.dump, 0); k != "model-only" {
+			t.Errorf("seed checkpoint is %s", k)
+		}
+		if st, err := os.Stat(filepath.Join(seed.dump, "metrics.jsonl")); err == nil && st.Size() > 0 {
+			t.Errorf("creating the seed trained (%d bytes of metrics)", st.Size())
+		}
+		dump := t.TempDir()
+		if err := os.CopyFS(filepath.Join(dump, "checkpoint"), os.DirFS(filepath.Join(seed.dump, "checkpoint"))); err != nil {
+			t.Fatal(err)
+		}
+		out, err := titan(t, append(keysBase(dump, h.data), "--set", "checkpoint.enable=true", "--set", "training.seed=8")...)
+		if err != nil || !strings.Contains(out, "seed checkpoint") {
+			t.Fatalf("training from the seed: %v\n%s", err, out)
+		}
+		got := (&keysRun{dump: dump}).col(t, "loss")
+		viaPath := h.ok(t, "checkpoint.enable=true", "training.seed=8", "checkpoint.initial_load_path="+filepath.Join(seed.dump, "checkpoint", "step-0")).col(t, "loss")
+		own := h.ok(t, "checkpoint.enable=true", "training.seed=8").col(t, "loss")
+		if !reflect.DeepEqual(got, viaPath) || reflect.DeepEqual(got, own) {
+			t.Errorf("losses from the seed %v; from initial_load_path %v; from seed 8's own weights %v", got, viaPath, own)
+		}
+		h.fails(t, "run it on one process", "checkpoint.enable=true", "checkpoint.create_seed_checkpoint=true", "--nproc 2")
+	}},
+	"checkpoint.load_only": {check: func(t *testing.T, h *keysHarness) {
+		// The run resumes from the folder's checkpoint and saves nothing.
+		src := h.ok(t, "checkpoint.enable=true", "checkpoint.last_save_model_only=false")
+		for _, loadOnly := range []string{"true", "false"} {
+			dump := t.TempDir()
+			if err := os.CopyFS(filepath.Join(dump, "checkpoint"), os.DirFS(filepath.Join(src.dump, "checkpoint"))); err != nil {
+				t.Fatal(err)
+			}
+			args := append(keysBase(dump, h.data), "--set", "checkpoint.enable=true", "--set", "training.steps=5", "--set", "checkpoint.load_only="+loadOnly)
+			if out, err := titan(t, args...); err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			r := &keysRun{dump: dump}
+			if l := r.col(t, "loss"); len(l) != 2 {
+				t.Errorf("load_only=%s: logged steps %v, want the resumed 4 and 5", loadOnly, l)
+			}
+			want := []string{"step-3", "step-5"}
+			if loadOnly == "true" {
+				want = want[:1]
+			}
+			if got := stepDirs(t, r, "checkpoint"); !reflect.DeepEqual(got, want) {
+				t.Errorf("load_only=%s: step folders %v, want %v", loadOnly, got, want)
+			}
+		}
+	}},
 	// [activation_checkpoint]: the log's policy and activation memory.
 	"activation_checkpoint.mode": {check: func(t *testing.T, h *keysHarness) {
 		h.logDiffers(t, `activation checkpointing full`, "activation_checkpoint.mode=full")
@@ -558,6 +690,33 @@ func acLine(out string) string {
 		return out
 	}
 	return ""
+}
+
+// hfWeights imports a Hugging Face folder's weights (titan's flat layout).
+func hfWeights(t *testing.T, dir string) []float32 {
+	t.Helper()
+	_, params, err := hf.Import(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return params
+}
+
+// finalWeights reads a checkpoint's weights (titan's flat layout).
+func finalWeights(t *testing.T, dir string) []float32 {
+	t.Helper()
+	m, err := modelfile.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.Params
+}
+
+// bf16RNE is x rounded to bfloat16 (nearest, ties to even) as float32
+// bits, computed here independently of the exporter. x is finite.
+func bf16RNE(x float32) uint32 {
+	b := math.Float32bits(x)
+	return (b + 0x7fff + (b>>16)&1) &^ 0xffff
 }
 
 // stepDirs lists the step folders of a checkpoint folder.

@@ -212,7 +212,7 @@ func TestCheckpointInspect(t *testing.T) {
 	}
 	ck := filepath.Join(dump, "checkpoint")
 	out, err := titan(t, "checkpoint", "inspect", ck)
-	for _, want := range []string{"step-2       full", "step-3       model-only", "step-3: step 3", "contents: model-only", "data-00000.bin", "model/tok_embeddings.weight", "[2000 256]", "checksums: ok"} {
+	for _, want := range []string{"step-2       full", "step-3       model-only", "step-3: step 3", "format version 2, committed", "contents: model-only", "saved under: 1 rank(s): pp 1 × dp_replicate 1 × dp_shard 1 × cp 1 × tp 1", "rank 0     data-00000.bin", "model/tok_embeddings.weight", "[2000 256]", "checksums: ok"} {
 		if err != nil || !strings.Contains(out, want) {
 			t.Fatalf("inspect %s: %v; want %q in\n%s", ck, err, want, out)
 		}
@@ -231,9 +231,25 @@ func TestCheckpointInspect(t *testing.T) {
 	if out, err := titan(t, "checkpoint", "inspect", step2, "--verify=false"); err != nil || !strings.Contains(out, "not verified") {
 		t.Fatalf("inspect --verify=false: %v\n%s", err, out)
 	}
+	os.Remove(filepath.Join(step2, checkpoint.CommitMarker))
+	if out, err := titan(t, "checkpoint", "inspect", ck); err != nil || !strings.Contains(out, "step-2       damaged: checkpoint: "+step2+" has no commit marker") {
+		t.Fatalf("inspect with an uncommitted step folder: %v\n%s", err, out)
+	}
 	os.Remove(filepath.Join(step2, "metadata.json"))
 	if out, err := titan(t, "checkpoint", "inspect", ck); err != nil || !strings.Contains(out, "step-2       damaged: metadata.json is missing") {
 		t.Fatalf("inspect with a damaged step folder: %v\n%s", err, out)
+	}
+	// A checkpoint of four ranks (FSDP2 × TP2) shows its layout and each
+	// rank's shard file.
+	dump4 := t.TempDir()
+	if out, err := titan(t, append(set(tinyRun(dump4, corpus(t), 2), "checkpoint.last_save_model_only=false", "parallelism.tensor_parallel_degree=2", "parallelism.data_parallel_shard_degree=2", "training.threads=1", "training.local_batch_size=1"), "--nproc", "4")...); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	out, err = titan(t, "checkpoint", "inspect", filepath.Join(dump4, "checkpoint"))
+	for _, want := range []string{"saved under: 4 rank(s): pp 1 × dp_replicate 1 × dp_shard 2 × cp 1 × tp 2", "shards: 4 rank(s)", "rank 3     data-00003.bin", "contents: full", "checksums: ok"} {
+		if err != nil || !strings.Contains(out, want) {
+			t.Fatalf("inspect of the 4-rank checkpoint: %v; want %q in\n%s", err, want, out)
+		}
 	}
 }
 

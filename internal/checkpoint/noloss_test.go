@@ -212,6 +212,11 @@ func TestOpenRejectsHostileMetadata(t *testing.T) {
 		{"blob size", func(m *Metadata) { b := m.Blobs[TrainStateBlob]; b.Size = 1 << 40; m.Blobs[TrainStateBlob] = b }, "metadata says"},
 		{"contents", func(m *Metadata) { m.Contents = "everything" }, "contents"},
 		{"negative step", func(m *Metadata) { m.Step = -1 }, "negative step"},
+		{"version", func(m *Metadata) { m.Version = 9 }, "format version 9"},
+		{"huge world", func(m *Metadata) { m.Layout = &Layout{World: 1 << 40} }, "a layout of"},
+		{"degree past world", func(m *Metadata) { m.Layout = &Layout{World: 2, TP: 4} }, "degree outside"},
+		{"part of a rank past world", func(m *Metadata) { m.Ranks[0].Rank = 7 }, "bad part"},
+		{"part file traversal", func(m *Metadata) { m.Ranks[0].File = "../x" }, "bad part"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -225,6 +230,9 @@ func TestOpenRejectsHostileMetadata(t *testing.T) {
 			tc.edit(&m)
 			raw, _ = json.Marshal(m)
 			os.WriteFile(filepath.Join(sd, "metadata.json"), raw, 0o644)
+			if err := Reseal(sd); err != nil {
+				t.Fatal(err)
+			}
 			_, err := Open(sd)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("got %v, want an error containing %q", err, tc.want)

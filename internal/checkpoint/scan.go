@@ -21,6 +21,8 @@ const (
 	MaxRank = 8
 	// MaxElements bounds the elements of one tensor (2^40, 4 TiB of float32).
 	MaxElements = 1 << 40
+	// MaxRanks bounds the ranks of a saved layout.
+	MaxRanks = 1 << 20
 )
 
 // validate checks every count, shape, offset and file name of m against
@@ -28,8 +30,23 @@ const (
 // what it describes never allocates more than the files hold.
 func (m *Metadata) validate(dir string) error {
 	mp := filepath.Join(dir, "metadata.json")
-	if m.Version != Version {
-		return fmt.Errorf("checkpoint: %s has format version %d, this titan reads %d", dir, m.Version, Version)
+	if m.Version != 1 && m.Version != Version {
+		return fmt.Errorf("checkpoint: %s has format version %d, this titan reads 1 to %d", dir, m.Version, Version)
+	}
+	if l := m.Layout; l != nil {
+		if l.World < 1 || l.World > MaxRanks || len(m.Ranks) > l.World {
+			return fmt.Errorf("checkpoint: %s: a layout of %d ranks with %d parts (at most %d ranks)", mp, l.World, len(m.Ranks), MaxRanks)
+		}
+		for _, d := range []int{l.PP, l.DPReplicate, l.DPShard, l.CP, l.TP} {
+			if d < 0 || d > l.World {
+				return fmt.Errorf("checkpoint: %s: layout %+v has a degree outside [0, %d]", mp, *l, l.World)
+			}
+		}
+	}
+	for _, rp := range m.Ranks {
+		if rp.Rank < 0 || m.Layout == nil || rp.Rank >= m.Layout.World || (rp.File != "" && !plainName(rp.File)) {
+			return fmt.Errorf("checkpoint: %s: bad part %+v", mp, rp)
+		}
 	}
 	if m.Step < 0 {
 		return fmt.Errorf("checkpoint: %s: negative step %d", mp, m.Step)

@@ -304,16 +304,21 @@ type Checkpoint struct {
 	// Interval is the number of steps between saves. The last step is
 	// always saved.
 	Interval int `toml:"interval" mapstructure:"interval"`
-	// InitialLoadPath is a checkpoint to start from when Folder holds
-	// no full checkpoint; "" means start from scratch. Its weights alone
-	// are loaded (model-only), and the log says so. It is the only way a
-	// model-only checkpoint becomes a run's starting point: a Folder
-	// holding only model-only checkpoints is otherwise an error.
+	// InitialLoadPath is a checkpoint (or, with InitialLoadInHF, a
+	// Hugging Face folder) to start from when Folder holds no full
+	// checkpoint; "" means start from scratch. Its weights alone are
+	// loaded unless InitialLoadModelOnly is false, and the log says so.
+	// It is the only way a model-only checkpoint (other than a seed
+	// checkpoint, see CreateSeedCheckpoint) becomes a run's starting
+	// point: a Folder holding only model-only checkpoints is otherwise an
+	// error.
 	InitialLoadPath string `toml:"initial_load_path" mapstructure:"initial_load_path"`
 	// InitialLoadModelOnly loads only the model weights from
-	// InitialLoadPath (no optimizer state, no step).
+	// InitialLoadPath (no optimizer state, no step); false loads its full
+	// training state (it must be a full checkpoint), as a resume would.
 	InitialLoadModelOnly bool `toml:"initial_load_model_only" mapstructure:"initial_load_model_only"`
-	// InitialLoadInHF reads InitialLoadPath as HuggingFace safetensors.
+	// InitialLoadInHF reads InitialLoadPath as a Hugging Face Llama
+	// folder (config.json and safetensors); weights only.
 	InitialLoadInHF bool `toml:"initial_load_in_hf" mapstructure:"initial_load_in_hf"`
 	// LastSaveModelOnly saves only the model weights at the last step.
 	// A model-only save never replaces the full state of the same step:
@@ -324,12 +329,19 @@ type Checkpoint struct {
 	// newer model-only one. keep_latest_k never removes the newest full
 	// checkpoint.
 	LastSaveModelOnly bool `toml:"last_save_model_only" mapstructure:"last_save_model_only"`
-	// LastSaveInHF writes the last checkpoint as HuggingFace safetensors.
+	// LastSaveInHF also exports the last checkpoint's model as a Hugging
+	// Face folder, hf-step-<N> beside it, in ExportDtype (llama3 only).
 	LastSaveInHF bool `toml:"last_save_in_hf" mapstructure:"last_save_in_hf"`
-	// ExportDtype is the dtype of a model-only last save: "float32",
-	// "bfloat16" or "float16".
+	// ExportDtype is the dtype of the Hugging Face export of the last
+	// step (LastSaveInHF): "float32" or "bfloat16" (round to nearest
+	// even); titan checkpoints themselves hold float32. "float16" is
+	// refused.
 	ExportDtype string `toml:"export_dtype" mapstructure:"export_dtype"`
-	// AsyncMode is "disabled", "async" or "async_with_pinned_mem".
+	// AsyncMode is "disabled" (the loop waits for each save), "async"
+	// (a snapshot in host memory, written in the background; at most one
+	// save in flight) or "async_with_pinned_mem" (the same, with snapshot
+	// buffers allocated once and reused: on a CPU, pinned memory is host
+	// memory).
 	AsyncMode string `toml:"async_mode" mapstructure:"async_mode"`
 	// KeepLatestK keeps only the newest K checkpoints; 0 keeps all. 1 is
 	// not allowed: the newest may still be being written.
@@ -341,7 +353,9 @@ type Checkpoint struct {
 	ExcludeFromLoading []string `toml:"exclude_from_loading" mapstructure:"exclude_from_loading"`
 	// EnableFirstStepCheckpoint also saves after step 1.
 	EnableFirstStepCheckpoint bool `toml:"enable_first_step_checkpoint" mapstructure:"enable_first_step_checkpoint"`
-	// CreateSeedCheckpoint writes the initial weights as step 0 and exits.
+	// CreateSeedCheckpoint writes the initial weights as the model-only
+	// checkpoint of step 0 and exits (on one process, as torchtitan
+	// requires); runs of any layout in the folder then start from it.
 	CreateSeedCheckpoint bool `toml:"create_seed_checkpoint" mapstructure:"create_seed_checkpoint"`
 	// LoadOnly loads checkpoints but never saves.
 	LoadOnly bool `toml:"load_only" mapstructure:"load_only"`

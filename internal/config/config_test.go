@@ -828,16 +828,7 @@ func TestUnsupportedValuesAreRefused(t *testing.T) {
 	}{
 		{"training.mixed_precision_param", func(j *Job) { j.Training.MixedPrecisionParam = "bfloat16" }, `"float32"`},
 		{"model.converters", func(j *Job) { j.Model.Converters = []string{"float8"} }, "[]"},
-		{"checkpoint.async_mode", func(j *Job) { j.Checkpoint.AsyncMode = "async" }, `"disabled"`},
-		{"checkpoint.async_mode", func(j *Job) { j.Checkpoint.AsyncMode = "async_with_pinned_mem" }, `"disabled"`},
-		{"checkpoint.last_save_in_hf", func(j *Job) { j.Checkpoint.LastSaveInHF = true }, "false"},
-		{"checkpoint.export_dtype", func(j *Job) { j.Checkpoint.ExportDtype = "bfloat16" }, `"float32"`},
-		{"checkpoint.export_dtype", func(j *Job) { j.Checkpoint.ExportDtype = "float16" }, `"float32"`},
-		{"checkpoint.create_seed_checkpoint", func(j *Job) { j.Checkpoint.CreateSeedCheckpoint = true }, "false"},
-		{"checkpoint.load_only", func(j *Job) { j.Checkpoint.LoadOnly = true }, "false"},
-		{"checkpoint.enable_first_step_checkpoint", func(j *Job) { j.Checkpoint.EnableFirstStepCheckpoint = true }, "false"},
-		{"checkpoint.initial_load_in_hf", func(j *Job) { j.Checkpoint.InitialLoadInHF = true }, "false"},
-		{"checkpoint.initial_load_model_only", func(j *Job) { j.Checkpoint.InitialLoadModelOnly = false }, "true"},
+		{"checkpoint.export_dtype", func(j *Job) { j.Checkpoint.ExportDtype = "float16" }, `"float32" and "bfloat16"`},
 		{"parallelism.context_parallel_rotate_method", func(j *Job) { j.Parallelism.ContextParallelRotateMethod = "allgather" }, `"alltoall"`},
 		{"parallelism.enable_async_tensor_parallel", func(j *Job) { j.Parallelism.EnableAsyncTensorParallel = true }, "false"},
 		{"parallelism.pipeline_parallel_schedule", func(j *Job) { j.Parallelism.PipelineParallelSchedule = "DualPipeV" }, `"1F1B"`},
@@ -864,6 +855,43 @@ func TestUnsupportedValuesAreRefused(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestCheckpointKeyCombinations: the checkpoint keys that only make sense
+// together are refused apart, naming the key and what it needs; the
+// combinations that work pass.
+func TestCheckpointKeyCombinations(t *testing.T) {
+	for _, tc := range []struct {
+		key  string
+		set  func(c *Checkpoint)
+		want string // "" : accepted
+	}{
+		{"checkpoint.export_dtype", func(c *Checkpoint) { c.ExportDtype = "bfloat16" }, "last_save_in_hf"},
+		{"", func(c *Checkpoint) { c.ExportDtype = "bfloat16"; c.LastSaveInHF = true }, ""},
+		{"checkpoint.initial_load_in_hf", func(c *Checkpoint) { c.InitialLoadInHF = true }, "initial_load_path"},
+		{"checkpoint.initial_load_model_only", func(c *Checkpoint) { c.InitialLoadInHF, c.InitialLoadPath, c.InitialLoadModelOnly = true, "hf", false }, "weights only"},
+		{"", func(c *Checkpoint) { c.InitialLoadInHF, c.InitialLoadPath = true, "hf" }, ""},
+		{"", func(c *Checkpoint) { c.InitialLoadModelOnly, c.InitialLoadPath = false, "ck" }, ""},
+		{"checkpoint.create_seed_checkpoint", func(c *Checkpoint) { c.CreateSeedCheckpoint, c.Enable = true, false }, "checkpoint.enable"},
+		{"", func(c *Checkpoint) { c.CreateSeedCheckpoint, c.Enable = true, true }, ""},
+		{"", func(c *Checkpoint) { c.AsyncMode = "async" }, ""},
+		{"", func(c *Checkpoint) { c.AsyncMode = "async_with_pinned_mem" }, ""},
+		{"", func(c *Checkpoint) { c.LoadOnly, c.EnableFirstStepCheckpoint = true, true }, ""},
+	} {
+		j := Default()
+		tc.set(&j.Checkpoint)
+		err := j.Validate()
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("%+v: %v", j.Checkpoint, err)
+			}
+			continue
+		}
+		var ke *KeyError
+		if err == nil || !errors.As(err, &ke) || ke.Key != tc.key || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want a KeyError naming it and %q", tc.key, err, tc.want)
+		}
 	}
 }
 

@@ -271,19 +271,26 @@ func (j *Job) Validate() error {
 	v.notEmpty("checkpoint.folder", c.Folder)
 	v.atLeast("checkpoint.interval", c.Interval, 1)
 	if v.oneOf("checkpoint.export_dtype", c.ExportDtype, exportDtypes) {
-		v.only("checkpoint.export_dtype", c.ExportDtype, "float32")
+		if c.ExportDtype == "float16" {
+			v.unsupported("checkpoint.export_dtype", c.ExportDtype, `"float32" and "bfloat16"`)
+		} else if c.ExportDtype != "float32" && !c.LastSaveInHF {
+			// titan's own checkpoints hold float32; the dtype is the
+			// Hugging Face export's.
+			v.fail("checkpoint.export_dtype", c.ExportDtype, "applies to the Hugging Face export of the last step: set checkpoint.last_save_in_hf = true (titan checkpoints store float32)")
+		}
 	}
-	if v.oneOf("checkpoint.async_mode", c.AsyncMode, asyncModes) {
-		v.only("checkpoint.async_mode", c.AsyncMode, "disabled")
+	v.oneOf("checkpoint.async_mode", c.AsyncMode, asyncModes)
+	if c.LastSaveInHF && j.Model.Name == "hyena" {
+		v.fail("checkpoint.last_save_in_hf", true, "Hugging Face export is for llama3 models; %s is a hyena model", j.Model.Flavor)
 	}
-	v.off("checkpoint.last_save_in_hf", c.LastSaveInHF)
-	v.off("checkpoint.create_seed_checkpoint", c.CreateSeedCheckpoint)
-	v.off("checkpoint.load_only", c.LoadOnly)
-	v.off("checkpoint.enable_first_step_checkpoint", c.EnableFirstStepCheckpoint)
-	v.off("checkpoint.initial_load_in_hf", c.InitialLoadInHF)
-	if !c.InitialLoadModelOnly {
-		// titan loads checkpoint.initial_load_path model-only.
-		v.unsupported("checkpoint.initial_load_model_only", false, "true")
+	if c.InitialLoadInHF && c.InitialLoadPath == "" {
+		v.fail("checkpoint.initial_load_in_hf", true, "needs checkpoint.initial_load_path, the Hugging Face folder to start from")
+	}
+	if c.InitialLoadInHF && !c.InitialLoadModelOnly {
+		v.fail("checkpoint.initial_load_model_only", false, "a Hugging Face folder holds weights only: checkpoint.initial_load_in_hf needs initial_load_model_only = true")
+	}
+	if c.CreateSeedCheckpoint && !c.Enable {
+		v.fail("checkpoint.create_seed_checkpoint", true, "needs checkpoint.enable = true (the seed is a checkpoint)")
 	}
 	if c.KeepLatestK < 0 || c.KeepLatestK == 1 {
 		v.fail("checkpoint.keep_latest_k", c.KeepLatestK,

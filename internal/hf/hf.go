@@ -42,6 +42,7 @@ import (
 
 	"github.com/titan-go/titan/internal/hf/safetensors"
 	"github.com/titan-go/titan/internal/model/llama"
+	"github.com/titan-go/titan/internal/modelfile"
 )
 
 // File names inside a Hugging Face model folder.
@@ -434,4 +435,29 @@ func CopyTokenizerFiles(src, dst string) error {
 		}
 	}
 	return nil
+}
+
+// ExportModel writes the llama model m (read back from a titan
+// checkpoint) into out as a Hugging Face folder in dtype, with its
+// tokenizer's files and token ids, as titan checkpoint export and
+// checkpoint.last_save_in_hf do; maxShard bounds the safetensors files
+// (0: one).
+func ExportModel(m *modelfile.Model, out, dtype string, maxShard int64) error {
+	if m.Desc.Name == "hyena" {
+		return fmt.Errorf("%s holds a hyena model: Hugging Face export is not supported for hyena yet", m.Dir)
+	}
+	opts := ExportOptions{MaxShardBytes: maxShard}
+	if b := m.Tokenizer.BOS(); b >= 0 {
+		opts.BOS = &b
+	}
+	if e := m.Tokenizer.EOS(); e >= 0 {
+		opts.EOS = []int{e}
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	if err := Export(out, m.Desc.Config, m.Params, dtype, opts); err != nil {
+		return err
+	}
+	return modelfile.CopyTokenizerFiles(m.Dir, out)
 }

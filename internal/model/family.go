@@ -150,6 +150,13 @@ type Family interface {
 	// tpRank's flat buffer from the whole tensors prefix+<parameter> of a
 	// checkpoint.
 	Read(r *checkpoint.Reader, prefix string, tp, tpRank, lo int, dst []float32) error
+	// Write is the inverse of Read: it calls put with every run of src,
+	// the elements [lo, lo+len(src)) of tp rank tpRank's flat buffer,
+	// that is a contiguous range of one whole tensor (its name, shape and
+	// element offset); the run's data aliases src. Elements every tp rank
+	// holds (replicated parameters) are put by tp rank 0 only, so that a
+	// tp group puts every element of the model once.
+	Write(tp, tpRank, lo int, src []float32, put func(name string, shape []int, offset int, data []float32))
 	// Unshard assembles the whole flat buffer (one process's layout)
 	// from every tp rank's flat buffer, locals[r] from rank r.
 	Unshard(locals [][]float32) []float32

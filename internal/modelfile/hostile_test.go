@@ -45,6 +45,9 @@ func TestLoadRefusesHostileDescription(t *testing.T) {
 			m.Blobs[ConfigBlob] = checkpoint.BlobMeta{File: ConfigBlob, Size: int64(len(raw)), CRC32C: crc32.Checksum(raw, crc32.MakeTable(crc32.Castagnoli))}
 			mraw, _ = json.Marshal(m)
 			os.WriteFile(mp, mraw, 0o644)
+			if err := checkpoint.Reseal(sd); err != nil { // as a forger would
+				t.Fatal(err)
+			}
 			_, err := Load(sd)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("got %v, want an error containing %q", err, tc.want)

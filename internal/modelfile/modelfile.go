@@ -214,6 +214,7 @@ func Load(dir string) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer r.Close()
 	raw, err := r.Blob(ConfigBlob)
 	if err != nil {
 		return nil, err
@@ -304,6 +305,7 @@ func CopyTokenizerFiles(dir, out string) error {
 	if err != nil {
 		return err
 	}
+	defer r.Close()
 	for name := range r.Meta.Blobs {
 		if !strings.HasPrefix(name, tokenizerPrefix) {
 			continue

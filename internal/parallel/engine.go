@@ -37,11 +37,22 @@ type Engine interface {
 	Init(seed uint64)
 	// GatherFull returns the whole flat tensor (one process's layout) of
 	// which buf (Params or an optimizer moment) holds this rank's share,
-	// on rank 0 (nil on some others). Every rank must call it.
+	// on rank 0 (nil on some others). Every rank must call it. Saves do
+	// not use it (see Shards); it is the tests' reference of the whole
+	// state.
 	GatherFull(buf backend.Tensor) ([]float32, error)
 	// Load fills buf (Params or an optimizer moment) with this rank's
 	// share of the whole tensors prefix+<parameter> of checkpoint r.
 	Load(r *checkpoint.Reader, prefix string, buf backend.Tensor) error
+	// Shards is the inverse of Load for a save: the ranges of the whole
+	// tensors prefix+<parameter> that this rank writes, from local, a
+	// host copy of buf (Params or an optimizer moment); their data
+	// aliases local. A rank writes its FSDP shards of its stages' own
+	// parameters (not the copies of tied ones), on the first replica of
+	// the replicate group only, and tp rank 0 alone the parameters every
+	// tp rank holds: the ranks of the job together write every element
+	// of every tensor exactly once, and no rank gathers anything.
+	Shards(local []float32, prefix string) []checkpoint.Shard
 	// Memory reports this rank's memory.
 	Memory() Memory
 	// PipelineStep measures the last step's pipeline bubble over every
@@ -333,6 +344,40 @@ func (e *engine) Load(r *checkpoint.Reader, prefix string, buf backend.Tensor) e
 	return e.rt.Load(buf, func(lo int, dst []float32) error {
 		return e.fam.Read(r, prefix, e.pl.TP, e.pl.TPRank, e.flatAt(lo), dst)
 	})
+}
+
+func (e *engine) Shards(local []float32, prefix string) []checkpoint.Shard {
+	if rank(e.g.Replicate) != 0 {
+		return nil // the first replica writes the shards every replica holds
+	}
+	var out []checkpoint.Shard
+	rt := e.rt
+	for u, s := range rt.Shards {
+		if s.Len() == 0 {
+			continue
+		}
+		st := e.stageAt(s.Lo)
+		rel := s.Lo - st.off
+		if st.isCopy(rel) {
+			continue // saved with its source
+		}
+		data := local[rt.Local[u] : rt.Local[u]+s.Len()]
+		e.fam.Write(e.pl.TP, e.pl.TPRank, st.toFlat(rel), data, func(name string, shape []int, off int, d []float32) {
+			out = append(out, checkpoint.Shard{Name: prefix + name, Shape: shape, Offset: off, Data: d})
+		})
+	}
+	return out
+}
+
+// isCopy reports whether element i of the stage's part buffer belongs to
+// a copy of another stage's parameters.
+func (st *stage) isCopy(i int) bool {
+	for _, c := range st.copies {
+		if i >= c.Local.Lo && i < c.Local.Hi {
+			return true
+		}
+	}
+	return false
 }
 
 // rows returns this rank's tokens of the rows x: the cp rank's share.

@@ -9,6 +9,8 @@ import (
 
 	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/checkpoint"
+	"github.com/titan-go/titan/internal/hf"
+	"github.com/titan-go/titan/internal/model/llama"
 	"github.com/titan-go/titan/internal/modelfile"
 )
 
@@ -23,26 +25,24 @@ type trainState struct {
 
 func checkpointDir(folder string, step int) string { return checkpoint.StepDir(folder, step) }
 
-// fullState returns the whole flat parameters and, unless modelOnly, the
-// optimizer moments. Under sharded data parallelism it all-gathers them
-// over the shard group, so every rank must call it.
-func (tr *Trainer) fullState(modelOnly bool) (params, mv, vv []float32, err error) {
-	e := tr.eng
-	if params, err = e.GatherFull(e.Params()); err != nil || modelOnly {
-		return params, nil, nil, err
-	}
-	if mv, err = e.GatherFull(tr.Opt.M); err != nil {
-		return nil, nil, nil, err
-	}
-	vv, err = e.GatherFull(tr.Opt.V)
-	return params, mv, vv, err
-}
-
 // ckptState is the trainer's checkpoint bookkeeping: the dump folder's
-// lock and what the restore found, to be logged once the log is open.
+// lock, what the restore found (to be logged once the log is open) and
+// the saves (save.go).
 type ckptState struct {
 	lock  *checkpoint.Lock
 	notes []string
+	// session names the job's saves (rank 0's, shared at start-up).
+	session string
+	// lastFull is the step of the newest full checkpoint this run saved
+	// or resumed from (-1: none).
+	lastFull int
+	// inflight is the save being written in the background (nil: none).
+	inflight *asyncSave
+	// pinned are the snapshot buffers async_with_pinned_mem reuses.
+	pinned [3][]float32
+	// stepS is the duration of the last training step, the measure of
+	// a save's blocking.
+	stepS float64
 }
 
 // note records a line for the run's log (restore runs before it opens).
@@ -62,87 +62,6 @@ func (tr *Trainer) logNotes() {
 func (tr *Trainer) unlock() {
 	tr.ck.lock.Release()
 	tr.ck.lock = nil
-}
-
-// saveLast writes the checkpoint of the final step. With
-// checkpoint.last_save_model_only it is model-only, except when the
-// final step is also an interval step: then the full state is written
-// (it contains the model), so that a run started again with more steps
-// resumes from it exactly. A model-only save never replaces a full
-// checkpoint of the same step (see save).
-func (tr *Trainer) saveLast() error {
-	ck := tr.Job.Checkpoint
-	modelOnly := ck.LastSaveModelOnly
-	if modelOnly && ck.Interval > 0 && tr.Step%ck.Interval == 0 {
-		modelOnly = false
-	}
-	return tr.save(modelOnly)
-}
-
-// save writes a checkpoint of the current step (model only, or the full
-// training state) and purges old ones. Every rank calls it: under FSDP
-// the shards are first all-gathered (every rank of a shard group then
-// holds the whole state, transiently), and rank 0 writes the whole
-// tensors as a one-process run does. Sharded parallel writes are future
-// work.
-//
-// A model-only save of a step whose full checkpoint exists is skipped:
-// the full one holds the model too, and replacing it would lose the
-// state a run resumes from.
-func (tr *Trainer) save(modelOnly bool) error {
-	if modelOnly {
-		if r, err := checkpoint.Open(checkpoint.StepDir(tr.ckptFolder, tr.Step)); err == nil && r.Meta.Full() {
-			if tr.log != nil {
-				tr.log.Printf("titan: %s holds the full state of step %d (the model included); the model-only save is skipped so that it stays resumable", r.Dir, tr.Step)
-			}
-			return nil
-		}
-	}
-	params, mv, vv, err := tr.fullState(modelOnly)
-	if err != nil {
-		return fmt.Errorf("checkpoint: gathering the state: %w", err)
-	}
-	if tr.dist.Rank != 0 {
-		return nil // rank 0 writes the state every replica holds
-	}
-	shards := modelfile.Shards(tr.fam.Tensors(), params)
-	desc, err := modelfile.Describe(tr.fam, tr.Job.Model.Flavor)
-	if err != nil {
-		return err
-	}
-	blobs, err := modelfile.Blobs(desc, tr.Job.Model.TokenizerPath)
-	if err != nil {
-		return err
-	}
-	if !modelOnly {
-		shards = append(shards, modelfile.PrefixedShards("optimizer/exp_avg/", tr.fam.Tensors(), mv)...)
-		shards = append(shards, modelfile.PrefixedShards("optimizer/exp_avg_sq/", tr.fam.Tensors(), vv)...)
-		ts, _ := json.Marshal(trainState{Step: tr.Step, OptStep: tr.Opt.Step, Seed: tr.seed, Flavor: tr.Job.Model.Flavor, ElapsedS: tr.elapsed})
-		blobs[checkpoint.TrainStateBlob] = ts
-		ds, err := tr.Data.State()
-		if err != nil {
-			return fmt.Errorf("checkpoint: data loader state: %w", err)
-		}
-		blobs["dataloader.json"] = ds
-		if tr.Val != nil {
-			vs, err := tr.Val.State()
-			if err != nil {
-				return fmt.Errorf("checkpoint: validation loader state: %w", err)
-			}
-			blobs["val_dataloader.json"] = vs
-		}
-	}
-	if err := checkpoint.Save(tr.ckptFolder, tr.Step, shards, blobs); err != nil {
-		return err
-	}
-	if tr.log != nil {
-		what := "checkpoint (full state)"
-		if modelOnly {
-			what = "model-only checkpoint"
-		}
-		tr.log.Printf("titan: saved %s %s", what, checkpoint.StepDir(tr.ckptFolder, tr.Step))
-	}
-	return checkpoint.Purge(tr.ckptFolder, tr.Job.Checkpoint.KeepLatestK)
 }
 
 // restore takes the dump folder's lock (rank 0, when checkpoints are
@@ -179,6 +98,15 @@ func (tr *Trainer) restore() (err error) {
 	infos, problems, err := checkpoint.Scan(tr.ckptFolder)
 	if err != nil {
 		return err
+	}
+	if ck.CreateSeedCheckpoint {
+		// The seed is the initial weights: nothing is loaded, and a
+		// folder that holds checkpoints already is refused (see
+		// createSeed).
+		if len(infos)+len(problems) > 0 {
+			return fmt.Errorf("checkpoint.create_seed_checkpoint: %s already holds checkpoints; a seed checkpoint starts an empty folder", tr.ckptFolder)
+		}
+		return nil
 	}
 	for _, p := range problems {
 		if ck.LoadStep >= 0 && p.Step == ck.LoadStep {
@@ -223,20 +151,21 @@ func (tr *Trainer) restore() (err error) {
 		}
 		return tr.loadFull(r)
 	}
-	if ck.InitialLoadPath != "" {
-		dir, err := modelfile.Resolve(ck.InitialLoadPath)
+	if len(infos) == 1 && infos[0].Step == 0 && !infos[0].Meta.Full() && len(problems) == 0 {
+		// A seed checkpoint (checkpoint.create_seed_checkpoint) alone:
+		// the run's initial weights, as torchtitan starts from it.
+		r, err := openVerified(infos[0].Dir)
 		if err != nil {
-			return fmt.Errorf("checkpoint.initial_load_path: %w", err)
-		}
-		r, err := openVerified(dir)
-		if err != nil {
-			return fmt.Errorf("checkpoint.initial_load_path: %w", err)
+			return fmt.Errorf("checkpoint: seed checkpoint %w", err)
 		}
 		if err := tr.loadModelOnly(r, 0); err != nil {
-			return fmt.Errorf("checkpoint.initial_load_path: %w", err)
+			return fmt.Errorf("checkpoint: seed checkpoint %s: %w", r.Dir, err)
 		}
-		tr.note("titan: initial weights from %s (%s checkpoint of step %d, loaded model-only as checkpoint.initial_load_path asks: step, optimizer and data loader start fresh)", dir, r.Meta.Kind(), r.Meta.Step)
+		tr.note("titan: initial weights from the seed checkpoint %s (model-only, step 0)", r.Dir)
 		return nil
+	}
+	if ck.InitialLoadPath != "" {
+		return tr.initialLoad()
 	}
 	if len(newerModelOnly) > 0 {
 		return fmt.Errorf("checkpoint: %s holds only model-only checkpoints (%s), no training state to resume; to train on from those weights set checkpoint.initial_load_path=%s (a fresh optimizer and data loader), or choose another job.dump_folder", tr.ckptFolder, strings.Join(newerModelOnly, ", "), infos[len(infos)-1].Dir)
@@ -249,6 +178,78 @@ func (tr *Trainer) restore() (err error) {
 		why = append(why, unloadable...)
 		return fmt.Errorf("checkpoint: %s holds no intact checkpoint to resume from, only damaged ones: %s; starting again from step 1 would discard them, so move them away (or choose another job.dump_folder) to train from scratch", tr.ckptFolder, strings.Join(why, "; "))
 	}
+	return nil
+}
+
+// initialLoad starts the run from checkpoint.initial_load_path: a titan
+// checkpoint's weights (initial_load_model_only, the default) or its full
+// state, or a Hugging Face folder's weights (initial_load_in_hf).
+func (tr *Trainer) initialLoad() error {
+	ck := tr.Job.Checkpoint
+	if ck.InitialLoadInHF {
+		r, err := tr.hfReader(ck.InitialLoadPath)
+		if err != nil {
+			return fmt.Errorf("checkpoint.initial_load_path (initial_load_in_hf): %w", err)
+		}
+		if err := tr.loadModelOnly(r, 0); err != nil {
+			return fmt.Errorf("checkpoint.initial_load_path (initial_load_in_hf): %w", err)
+		}
+		tr.note("titan: initial weights from the Hugging Face folder %s (checkpoint.initial_load_in_hf: step, optimizer and data loader start fresh)", ck.InitialLoadPath)
+		return nil
+	}
+	dir, err := modelfile.Resolve(ck.InitialLoadPath)
+	if err != nil {
+		return fmt.Errorf("checkpoint.initial_load_path: %w", err)
+	}
+	r, err := openVerified(dir)
+	if err != nil {
+		return fmt.Errorf("checkpoint.initial_load_path: %w", err)
+	}
+	if !ck.InitialLoadModelOnly {
+		if !r.Meta.Full() {
+			return fmt.Errorf("checkpoint.initial_load_path: %s is a model-only checkpoint, and checkpoint.initial_load_model_only = false asks for its full training state; set initial_load_model_only = true to start from its weights", dir)
+		}
+		if err := tr.loadFull(r); err != nil {
+			return fmt.Errorf("checkpoint.initial_load_path: %w", err)
+		}
+		tr.note("titan: started from the full state of %s (checkpoint.initial_load_model_only = false: model, optimizer, data loader and step %d)", dir, tr.Step)
+		return nil
+	}
+	if err := tr.loadModelOnly(r, 0); err != nil {
+		return fmt.Errorf("checkpoint.initial_load_path: %w", err)
+	}
+	tr.note("titan: initial weights from %s (%s checkpoint of step %d, loaded model-only as checkpoint.initial_load_path asks: step, optimizer and data loader start fresh)", dir, r.Meta.Kind(), r.Meta.Step)
+	return nil
+}
+
+// hfReader imports the Hugging Face Llama folder dir and returns its
+// weights as a reader of whole tensors, which every layout loads its
+// ranges from.
+func (tr *Trainer) hfReader(dir string) (*checkpoint.Reader, error) {
+	if tr.Job.Model.Name != "llama3" {
+		return nil, fmt.Errorf("Hugging Face folders hold llama3 models; the recipe's model is %s", tr.Job.Model.Name)
+	}
+	cfg, params, err := hf.Import(dir)
+	if err != nil {
+		return nil, err
+	}
+	return checkpoint.MemReader(dir, modelfile.Shards(llama.Family{Cfg: cfg}.Tensors(), params))
+}
+
+// createSeed writes the seed checkpoint (checkpoint.create_seed_checkpoint):
+// the initial weights as the model-only checkpoint of step 0, on one
+// process as torchtitan requires, and ends the run. Runs that start from
+// the folder then load it, whatever their layout, so that they start
+// from identical weights.
+func (tr *Trainer) createSeed() error {
+	if tr.dist.World != 1 {
+		return fmt.Errorf("checkpoint.create_seed_checkpoint: run it on one process (this job has %d); every layout then loads the seed", tr.dist.World)
+	}
+	tr.Step = 0
+	if err := tr.save(true, true); err != nil {
+		return err
+	}
+	tr.log.Printf("titan: created the seed checkpoint %s (model-only, step 0); start the training runs from this checkpoint folder", checkpoint.StepDir(tr.ckptFolder, 0))
 	return nil
 }
 
@@ -268,6 +269,7 @@ func openVerified(dir string) (*checkpoint.Reader, error) {
 		return nil, err
 	}
 	if err := r.Verify(); err != nil {
+		r.Close()
 		return nil, err
 	}
 	return r, nil
@@ -290,6 +292,7 @@ func (tr *Trainer) paramsTensor() backend.Tensor {
 }
 
 func (tr *Trainer) loadModelOnly(r *checkpoint.Reader, step int) error {
+	defer r.Close()
 	if err := tr.loadTensor(r, "model/", tr.paramsTensor()); err != nil {
 		return err
 	}
@@ -298,6 +301,7 @@ func (tr *Trainer) loadModelOnly(r *checkpoint.Reader, step int) error {
 }
 
 func (tr *Trainer) loadFull(r *checkpoint.Reader) error {
+	defer r.Close()
 	raw, err := r.Blob(checkpoint.TrainStateBlob)
 	if err != nil {
 		return err
@@ -342,6 +346,7 @@ func (tr *Trainer) loadFull(r *checkpoint.Reader) error {
 	}
 	if !slices.Contains(exclude, "train_state") {
 		tr.Step, tr.seed, tr.elapsed = ts.Step, ts.Seed, ts.ElapsedS
+		tr.ck.lastFull = tr.Step
 	}
 	if slices.Contains(exclude, "lr_scheduler") {
 		// The schedule starts again from its first step.

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -197,6 +198,10 @@ func New(job *config.Job, dev Device, out io.Writer, dist *Dist) (*Trainer, erro
 	// MFU is the job's model FLOPs over the job's peak.
 	tr.peakFLOPS = dev.PeakFLOPS * float64(max(tr.dist.Hosts, 1))
 	tr.ckptFolder = filepath.Join(job.Job.DumpFolder, job.Checkpoint.Folder)
+	tr.ck.lastFull = -1
+	if err := tr.agreeSession(); err != nil {
+		return nil, err
+	}
 	tr.eng.Init(tr.seed)
 	if err := tr.restore(); err != nil {
 		return nil, err
@@ -346,6 +351,12 @@ func (tr *Trainer) Close() {
 // every logged step and how it ended.
 func (tr *Trainer) Run(ctx context.Context) (err error) {
 	job := tr.Job
+	// Every exit waits for a save in flight; its error is the run's.
+	defer func() {
+		if werr := tr.waitSave(); err == nil {
+			err = werr
+		}
+	}()
 	folder := job.Job.DumpFolder
 	if tr.dist.Rank != 0 && !job.Metrics.SaveForAllRanks {
 		folder = "" // one metrics.jsonl per job, written by rank 0
@@ -385,8 +396,19 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 	tr.mem = tr.newMemSnapper(tr.obs.hosts)
 	watch := memplan.NewLossWatch(tr.fam.VocabSize(), job.Optimizer.LR)
 	tr.logNotes()
+	if job.Checkpoint.CreateSeedCheckpoint {
+		return tr.createSeed()
+	}
 	if tr.Step > 0 {
 		tr.log.Printf("titan: resumed from %s at step %d", checkpointDir(tr.ckptFolder, tr.Step), tr.Step)
+	}
+	if dir := os.Getenv(ResaveEnv); dir != "" && job.Checkpoint.Enable {
+		if err := tr.resave(dir); err != nil {
+			return err
+		}
+	}
+	if job.Checkpoint.Enable && job.Checkpoint.LoadOnly {
+		tr.log.Printf("titan: checkpoint.load_only: no checkpoint will be saved")
 	}
 	if tr.Step >= job.Training.Steps {
 		tr.log.Printf("titan: already trained %d of %d steps; nothing to do", tr.Step, job.Training.Steps)
@@ -401,13 +423,17 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 	var lossSum float64
 	var lossN int
 	for tr.Step < job.Training.Steps {
+		// A background save that failed fails the run here.
+		if err := tr.pollSave(); err != nil {
+			return err
+		}
 		stop, err := tr.agree(ctx.Err() != nil)
 		if err != nil {
 			return err
 		}
 		if stop {
 			tr.log.Printf("titan: interrupted after step %d; saving a checkpoint", tr.Step)
-			if err := tr.save(false); err != nil {
+			if err := tr.save(false, true); err != nil {
 				return err
 			}
 			return context.Canceled
@@ -415,10 +441,12 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 		tr.prof.beginStep(tr.Step + 1)
 		tr.mem.beginStep(tr.Step + 1)
 		tr.obs.begin()
+		stepStart := time.Now()
 		loss, gnorm, lr, err := tr.TrainStep()
 		if err != nil {
 			return fmt.Errorf("step %d: %w", tr.Step+1, err)
 		}
+		tr.ck.stepS = time.Since(stepStart).Seconds()
 		tr.obs.end(tr.Step, loss)
 		if err := tr.mem.endStep(tr.Step); err != nil {
 			return err
@@ -482,9 +510,11 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 			windowStart, windowTokens, lossSum, lossN = time.Now(), 0, 0, 0
 		}
 		ck := job.Checkpoint
-		if ck.Enable && tr.Step < job.Training.Steps && ck.Interval > 0 && tr.Step%ck.Interval == 0 {
+		interval := ck.Interval > 0 && tr.Step%ck.Interval == 0
+		first := ck.EnableFirstStepCheckpoint && tr.Step == 1
+		if ck.Enable && tr.Step < job.Training.Steps && (interval || first) {
 			span := trace.Begin(trace.CatCheckpoint, "checkpoint save")
-			err := tr.save(false)
+			err := tr.save(false, false)
 			span.End()
 			if err != nil {
 				return err

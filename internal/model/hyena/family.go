@@ -130,6 +130,18 @@ func (f Family) Read(r *checkpoint.Reader, prefix string, tp, tpRank, lo int, ds
 	return nil
 }
 
+// Write implements model.Family: the runs of src in the whole model's
+// flat buffer (tp is 1).
+func (f Family) Write(tp, tpRank, lo int, src []float32, put func(name string, shape []int, offset int, data []float32)) {
+	hi := lo + len(src)
+	for _, p := range f.Cfg.Layout() {
+		a, b := max(lo, p.Offset), min(hi, p.Offset+p.Size)
+		if a < b {
+			put(p.Name, p.Shape, a-p.Offset, src[a-lo:b-lo])
+		}
+	}
+}
+
 // Unshard implements model.Family: without tensor parallelism the one
 // rank's buffer is the whole.
 func (f Family) Unshard(locals [][]float32) []float32 { return locals[0] }

@@ -91,6 +91,45 @@ func (f Family) Read(r *checkpoint.Reader, prefix string, tp, tpRank, lo int, ds
 	return ReadLocal(r, prefix, f.Cfg.ShardLayout(tp), tp, tpRank, lo, dst)
 }
 
+// Write implements model.Family.
+func (f Family) Write(tp, tpRank, lo int, src []float32, put func(name string, shape []int, offset int, data []float32)) {
+	WriteLocal(f.Cfg.ShardLayout(tp), tp, tpRank, lo, src, put)
+}
+
+// WriteLocal is the inverse of ReadLocal: it puts every run of src, the
+// elements [lo, lo+len(src)) of a rank's flat buffer laid out as lay, as
+// a range of its whole tensor; replicated parameters only on tp rank 0.
+func WriteLocal(lay []ShardParam, tp, tpRank, lo int, src []float32, put func(name string, shape []int, offset int, data []float32)) {
+	hi := lo + len(src)
+	for _, p := range lay {
+		a, b := max(lo, p.LocalOffset), min(hi, p.LocalOffset+p.LocalSize)
+		if a >= b {
+			continue
+		}
+		data := src[a-lo : b-lo]
+		at := a - p.LocalOffset // within the rank's shard of p
+		switch p.Kind {
+		case Replicated:
+			if tpRank == 0 {
+				put(p.Name, p.Shape, at, data)
+			}
+		case RowBlock:
+			put(p.Name, p.Shape, tpRank*p.LocalSize+at, data)
+		case ColBlock:
+			// Row i of the shard holds columns [tpRank·w, (tpRank+1)·w)
+			// of row i of the whole tensor.
+			in := p.Shape[1]
+			w := in / tp
+			for len(data) > 0 {
+				i, c := at/w, at%w
+				n := min(w-c, len(data))
+				put(p.Name, p.Shape, i*in+tpRank*w+c, data[:n])
+				data, at = data[n:], at+n
+			}
+		}
+	}
+}
+
 // Unshard implements model.Family.
 func (f Family) Unshard(locals [][]float32) []float32 { return UnshardFlat(f.Cfg, locals) }
 
