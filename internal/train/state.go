@@ -2,13 +2,16 @@ package train
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 
 	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/checkpoint"
+	"github.com/titan-go/titan/internal/comm"
 	"github.com/titan-go/titan/internal/hf"
 	"github.com/titan-go/titan/internal/model/llama"
 	"github.com/titan-go/titan/internal/modelfile"
@@ -127,11 +130,10 @@ func (tr *Trainer) restore() (err error) {
 		if !in.Meta.Full() {
 			return fmt.Errorf("checkpoint.load_step %d: %s is a model-only checkpoint (no optimizer, data loader or step to resume); to start from its weights set checkpoint.initial_load_path=%s and leave load_step at -1", ck.LoadStep, in.Dir, in.Dir)
 		}
-		r, err := openVerified(in.Dir)
-		if err != nil {
+		if err := tr.loadAgreed(in.Dir, tr.loadFull); err != nil {
 			return fmt.Errorf("checkpoint.load_step %d: %w", ck.LoadStep, err)
 		}
-		return tr.loadFull(r)
+		return nil
 	}
 	var newerModelOnly, unloadable []string
 	for i := len(infos) - 1; i >= 0; i-- {
@@ -140,8 +142,10 @@ func (tr *Trainer) restore() (err error) {
 			newerModelOnly = append(newerModelOnly, filepath.Base(in.Dir))
 			continue
 		}
-		r, err := openVerified(in.Dir)
-		if err != nil {
+		if err := tr.loadAgreed(in.Dir, tr.loadFull); err != nil {
+			if errors.Is(err, errCollective) || errors.Is(err, errIncompatible) {
+				return err
+			}
 			tr.note("titan: warning: skipping checkpoint %s: %v", in.Dir, err)
 			unloadable = append(unloadable, fmt.Sprintf("%s: %v", in.Dir, err))
 			continue
@@ -149,19 +153,16 @@ func (tr *Trainer) restore() (err error) {
 		if len(newerModelOnly) > 0 {
 			tr.note("titan: %s model-only (no training state); resuming from the full state of %s", strings.Join(newerModelOnly, ", ")+isAre(len(newerModelOnly)), in.Dir)
 		}
-		return tr.loadFull(r)
+		return nil
 	}
 	if len(infos) == 1 && infos[0].Step == 0 && !infos[0].Meta.Full() && len(problems) == 0 {
 		// A seed checkpoint (checkpoint.create_seed_checkpoint) alone:
 		// the run's initial weights, as torchtitan starts from it.
-		r, err := openVerified(infos[0].Dir)
-		if err != nil {
-			return fmt.Errorf("checkpoint: seed checkpoint %w", err)
+		dir := infos[0].Dir
+		if err := tr.loadAgreed(dir, func(r *checkpoint.Reader) error { return tr.loadModelOnly(r, 0) }); err != nil {
+			return fmt.Errorf("checkpoint: seed checkpoint %s: %w", dir, err)
 		}
-		if err := tr.loadModelOnly(r, 0); err != nil {
-			return fmt.Errorf("checkpoint: seed checkpoint %s: %w", r.Dir, err)
-		}
-		tr.note("titan: initial weights from the seed checkpoint %s (model-only, step 0)", r.Dir)
+		tr.note("titan: initial weights from the seed checkpoint %s (model-only, step 0)", dir)
 		return nil
 	}
 	if ck.InitialLoadPath != "" {
@@ -201,24 +202,26 @@ func (tr *Trainer) initialLoad() error {
 	if err != nil {
 		return fmt.Errorf("checkpoint.initial_load_path: %w", err)
 	}
-	r, err := openVerified(dir)
-	if err != nil {
+	var meta checkpoint.Metadata
+	load := func(r *checkpoint.Reader) error {
+		meta = r.Meta
+		if ck.InitialLoadModelOnly {
+			return tr.loadModelOnly(r, 0)
+		}
+		if !r.Meta.Full() {
+			r.Close()
+			return fmt.Errorf("%s is a model-only checkpoint, and checkpoint.initial_load_model_only = false asks for its full training state; set initial_load_model_only = true to start from its weights", dir)
+		}
+		return tr.loadFull(r)
+	}
+	if err := tr.loadAgreed(dir, load); err != nil {
 		return fmt.Errorf("checkpoint.initial_load_path: %w", err)
 	}
 	if !ck.InitialLoadModelOnly {
-		if !r.Meta.Full() {
-			return fmt.Errorf("checkpoint.initial_load_path: %s is a model-only checkpoint, and checkpoint.initial_load_model_only = false asks for its full training state; set initial_load_model_only = true to start from its weights", dir)
-		}
-		if err := tr.loadFull(r); err != nil {
-			return fmt.Errorf("checkpoint.initial_load_path: %w", err)
-		}
 		tr.note("titan: started from the full state of %s (checkpoint.initial_load_model_only = false: model, optimizer, data loader and step %d)", dir, tr.Step)
 		return nil
 	}
-	if err := tr.loadModelOnly(r, 0); err != nil {
-		return fmt.Errorf("checkpoint.initial_load_path: %w", err)
-	}
-	tr.note("titan: initial weights from %s (%s checkpoint of step %d, loaded model-only as checkpoint.initial_load_path asks: step, optimizer and data loader start fresh)", dir, r.Meta.Kind(), r.Meta.Step)
+	tr.note("titan: initial weights from %s (%s checkpoint of step %d, loaded model-only as checkpoint.initial_load_path asks: step, optimizer and data loader start fresh)", dir, meta.Kind(), meta.Step)
 	return nil
 }
 
@@ -261,18 +264,50 @@ func isAre(n int) string {
 	return " are"
 }
 
-// openVerified opens the checkpoint in dir and checks every checksum
-// before anything of it is loaded.
-func openVerified(dir string) (*checkpoint.Reader, error) {
+// errCollective marks a failure of the ranks' agreement itself (a lost
+// rank), which ends the restore instead of passing to an older
+// checkpoint.
+var errCollective = errors.New("the ranks could not agree on the checkpoint")
+
+// errIncompatible marks a checkpoint that is intact but of another model
+// than the recipe's: an error, not a reason to resume from an older one.
+var errIncompatible = errors.New("incompatible checkpoint")
+
+// loadAgreed opens the checkpoint in dir and loads it with load on every
+// rank. A rank reads only the chunks that hold its ranges (its shards of
+// the model and optimizer state, the small states), verifying each
+// chunk's checksum as it reads it, so no rank reads the whole checkpoint.
+// The ranks then agree (one all-reduce) that every one of them loaded it;
+// if any could not (a corrupt or missing chunk only some read), every rank
+// reports the checkpoint unloadable and the caller passes to an older
+// one, which overwrites all that was loaded. A failing rank other than 0
+// prints its reason itself; rank 0's error counts them.
+func (tr *Trainer) loadAgreed(dir string, load func(*checkpoint.Reader) error) error {
 	r, err := checkpoint.Open(dir)
+	if err == nil {
+		err = load(r) // closes r
+	}
+	failed := []int64{0}
 	if err != nil {
-		return nil, err
+		failed[0] = 1
 	}
-	if err := r.Verify(); err != nil {
-		r.Close()
-		return nil, err
+	if tr.dist.World > 1 {
+		if aerr := tr.dist.Group.AllReduce(commCtx, comm.I64(failed), comm.Sum); aerr != nil {
+			return fmt.Errorf("%w: %v", errCollective, aerr)
+		}
 	}
-	return r, nil
+	switch {
+	case err != nil && tr.dist.Rank != 0:
+		fmt.Fprintf(os.Stderr, "titan: rank %d: cannot load checkpoint %s: %v\n", tr.dist.Rank, dir, err)
+		return err
+	case err != nil && failed[0] > 1:
+		return fmt.Errorf("%w (and %d other ranks could not load it either)", err, failed[0]-1)
+	case err != nil:
+		return err
+	case failed[0] > 0:
+		return fmt.Errorf("%d of %d ranks could not load %s (each names its reason in its own output)", failed[0], tr.dist.World, dir)
+	}
+	return nil
 }
 
 // loadTensor reads the tensors prefix+<parameter> into dst, a flat
@@ -311,7 +346,7 @@ func (tr *Trainer) loadFull(r *checkpoint.Reader) error {
 		return fmt.Errorf("checkpoint %s: train_state.json: %w", r.Dir, err)
 	}
 	if ts.Flavor != tr.Job.Model.Flavor {
-		return fmt.Errorf("checkpoint %s holds a %s model, the recipe asks for %s", r.Dir, ts.Flavor, tr.Job.Model.Flavor)
+		return fmt.Errorf("%w: checkpoint %s holds a %s model, the recipe asks for %s", errIncompatible, r.Dir, ts.Flavor, tr.Job.Model.Flavor)
 	}
 	exclude := tr.Job.Checkpoint.ExcludeFromLoading
 	if !slices.Contains(exclude, "optimizer") {
