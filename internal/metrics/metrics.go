@@ -18,6 +18,12 @@
 // metrics.save_tb_folder) the same records also go to a TensorBoard event
 // file (package tensorboard) in TensorBoardDir, under the tags of
 // TensorBoardTags; which ranks write follows the same rule.
+//
+// Rank 0 also keeps every step's loss, not only the logged steps', in
+// <dump_folder>/loss_steps.jsonl (StepLossFile; Logger.Step): one
+// {"step","loss"} line per step, buffered and flushed at every log step
+// and on Close, appended to by a resumed run like metrics.jsonl. loss.svg
+// (PlotRun) draws from it.
 package metrics
 
 import (
@@ -67,6 +73,19 @@ type Logger struct {
 	total    int
 	barShown bool
 	tb       *tensorboard.Writer // nil without TensorBoard
+	// every step's loss (rank 0 with a dump folder; nil otherwise)
+	stepFile *os.File
+	stepBuf  *bufio.Writer
+}
+
+// StepLossFile is the name of rank 0's per-step loss file in the dump
+// folder.
+const StepLossFile = "loss_steps.jsonl"
+
+// StepLoss is one step's loss, a line of StepLossFile.
+type StepLoss struct {
+	Step int     `json:"step"`
+	Loss float64 `json:"loss"`
 }
 
 // Open appends to <dumpFolder>/metrics.jsonl (creating the folder) and
@@ -130,9 +149,20 @@ func OpenWith(dumpFolder string, console io.Writer, totalSteps int, o Options) (
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	l.file, l.buf = f, bufio.NewWriter(f)
+	if o.Rank == 0 {
+		sf, err := os.OpenFile(filepath.Join(dumpFolder, StepLossFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("metrics: %w", err)
+		}
+		l.stepFile, l.stepBuf = sf, bufio.NewWriter(sf)
+	}
 	if o.TensorBoardFolder != "" {
 		if l.tb, err = tensorboard.Create(TensorBoardDir(dumpFolder, o.TensorBoardFolder, o.Rank, o.SaveForAllRanks)); err != nil {
 			f.Close()
+			if l.stepFile != nil {
+				l.stepFile.Close()
+			}
 			return nil, fmt.Errorf("metrics: %w", err)
 		}
 	}
@@ -148,6 +178,9 @@ func forceColor() bool {
 	v := os.Getenv("CLICOLOR_FORCE")
 	return v != "" && v != "0"
 }
+
+// IsTerminal reports whether w is a terminal (a character device).
+func IsTerminal(w io.Writer) bool { return isTerminal(w) }
 
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
@@ -200,6 +233,9 @@ func (l *Logger) Log(r Record) error {
 	if l.file == nil {
 		return nil
 	}
+	if err := l.flushSteps(); err != nil {
+		return err
+	}
 	if err := l.logTB(r, time.Now()); err != nil {
 		return err
 	}
@@ -211,6 +247,31 @@ func (l *Logger) Log(r Record) error {
 	l.buf.WriteByte('\n')
 	if err := l.buf.Flush(); err != nil {
 		return fmt.Errorf("metrics: writing %s: %w", l.file.Name(), err)
+	}
+	return nil
+}
+
+// Step records step's loss in StepLossFile (rank 0; flushed at the next
+// Log or on Close) and redraws the progress bar.
+func (l *Logger) Step(step int, loss float64) error {
+	if l.stepBuf != nil {
+		b, err := json.Marshal(StepLoss{Step: step, Loss: loss})
+		if err != nil {
+			return fmt.Errorf("metrics: step %d: %w", step, err)
+		}
+		l.stepBuf.Write(b)
+		l.stepBuf.WriteByte('\n')
+	}
+	l.Progress(step, loss)
+	return nil
+}
+
+func (l *Logger) flushSteps() error {
+	if l.stepBuf == nil {
+		return nil
+	}
+	if err := l.stepBuf.Flush(); err != nil {
+		return fmt.Errorf("metrics: writing %s: %w", l.stepFile.Name(), err)
 	}
 	return nil
 }
@@ -239,7 +300,7 @@ func (l *Logger) clearBar() {
 	}
 }
 
-// Close flushes and closes metrics.jsonl. Calling it again does nothing.
+// Close flushes and closes metrics.jsonl (and StepLossFile). Calling it again does nothing.
 func (l *Logger) Close() error {
 	l.clearBar()
 	if l.file == nil {
@@ -251,6 +312,16 @@ func (l *Logger) Close() error {
 	if l.tb != nil {
 		tbErr = l.tb.Close()
 		l.tb = nil
+	}
+	if l.stepFile != nil {
+		err := l.flushSteps()
+		if cerr := l.stepFile.Close(); err == nil {
+			err = cerr
+		}
+		l.stepFile, l.stepBuf = nil, nil
+		if tbErr == nil {
+			tbErr = err
+		}
 	}
 	if err := l.buf.Flush(); err != nil {
 		f.Close()

@@ -3,7 +3,10 @@ package metrics
 import (
 	"bytes"
 	"encoding/json"
+	"encoding/xml"
 	"fmt"
+	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -49,34 +52,139 @@ func TestLogWritesConsoleAndJSONL(t *testing.T) {
 	}
 }
 
+// svgLines reads the points of loss.svg's polylines by id, in data
+// coordinates (step, loss), and counts its circles.
+func svgLines(t *testing.T, path string) (map[string][][2]float64, int) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	lines := map[string][][2]float64{}
+	circles := 0
+	dec := xml.NewDecoder(f)
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("%s is not well-formed XML: %v", path, err)
+		}
+		se, ok := tok.(xml.StartElement)
+		if !ok {
+			continue
+		}
+		if se.Name.Local == "circle" {
+			circles++
+		}
+		if se.Name.Local != "polyline" {
+			continue
+		}
+		var id, points string
+		for _, a := range se.Attr {
+			switch a.Name.Local {
+			case "id":
+				id = a.Value
+			case "points":
+				points = a.Value
+			}
+		}
+		for _, p := range strings.Fields(points) {
+			var xy [2]float64
+			if _, err := fmt.Sscanf(strings.Replace(p, ",", " ", 1), "%g %g", &xy[0], &xy[1]); err != nil {
+				t.Fatalf("polyline %s point %q: %v", id, p, err)
+			}
+			lines[id] = append(lines[id], xy)
+		}
+	}
+	return lines, circles
+}
+
+// TestPlotRun: loss.svg draws every step's loss (Step), not only the
+// logged ones, its moving average and the validation loss as a line with
+// a marker per point; a resumed run appends and the latest entry of a
+// step wins; a dump without loss_steps.jsonl draws the logged losses.
 func TestPlotRun(t *testing.T) {
 	dir := t.TempDir()
-	l, _ := Open(dir, &bytes.Buffer{}, 3)
-	v := 2.0
-	l.Log(Record{Step: 1, Loss: 4})
-	l.Log(Record{Step: 2, Loss: 3, ValLoss: &v})
-	l.Log(Record{Step: 3, Loss: 2.5})
-	l.Close()
+	losses := map[int]float64{}
+	val := map[int]float64{}
+	// run 1: steps 1..7 (logged every 3rd), then "resumed" from step 4
+	// with other losses up to step 9
+	run := func(from, to int, off float64) {
+		l, err := Open(dir, &bytes.Buffer{}, 9)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum, n := 0.0, 0
+		for s := from; s <= to; s++ {
+			loss := 10/float64(s) + off
+			losses[s] = loss
+			if err := l.Step(s, loss); err != nil {
+				t.Fatal(err)
+			}
+			sum, n = sum+loss, n+1
+			if s%3 == 0 {
+				v := loss + 0.5
+				val[s] = v
+				if err := l.Log(Record{Step: s, Loss: sum / float64(n), ValLoss: &v}); err != nil {
+					t.Fatal(err)
+				}
+				sum, n = 0, 0
+			}
+		}
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(1, 7, 0)
+	run(4, 9, 0.125)
 	path, err := PlotRun(dir, "test <run>")
 	if err != nil {
 		t.Fatal(err)
 	}
 	raw, _ := os.ReadFile(path)
-	svg := string(raw)
-	if !strings.HasPrefix(svg, "<svg") || strings.Count(svg, "<circle") != 1 || !strings.Contains(svg, "test &lt;run&gt;") {
-		t.Fatalf("unexpected svg:\n%s", svg)
+	if !strings.Contains(string(raw), "test &lt;run&gt;") {
+		t.Error("title missing")
 	}
-	// Three points on the loss line, highest loss at the top.
-	i := strings.Index(svg, `points="`)
-	pts := strings.Fields(svg[i+8 : i+8+strings.Index(svg[i+8:], `"`)])
-	if len(pts) != 3 {
-		t.Fatalf("%d points, want 3", len(pts))
+	lines, circles := svgLines(t, path)
+	var want, wantVal [][2]float64
+	for s := 1; s <= 9; s++ {
+		want = append(want, [2]float64{float64(s), losses[s]})
+		if v, ok := val[s]; ok {
+			wantVal = append(wantVal, [2]float64{float64(s), v})
+		}
 	}
-	var y1, y3 float64
-	fmt.Sscanf(strings.Split(pts[0], ",")[1], "%g", &y1)
-	fmt.Sscanf(strings.Split(pts[2], ",")[1], "%g", &y3)
-	if !(y1 < y3) {
-		t.Errorf("loss 4 drawn at y=%v, loss 2.5 at y=%v; higher loss must be higher up", y1, y3)
+	if fmt.Sprint(lines[LossRawID]) != fmt.Sprint(want) {
+		t.Errorf("raw line %v, want %v", lines[LossRawID], want)
+	}
+	if fmt.Sprint(lines[LossValID]) != fmt.Sprint(wantVal) || circles != len(wantVal)+1 { // +1: the legend's marker
+		t.Errorf("validation line %v (%d circles), want %v", lines[LossValID], circles, wantVal)
+	}
+	ema := losses[1]
+	for i, p := range lines[LossSmoothID] {
+		if i > 0 {
+			ema = 0.9*ema + 0.1*losses[i+1]
+		}
+		if p[0] != float64(i+1) || math.Abs(p[1]-ema) > 1e-12 {
+			t.Errorf("smoothed point %d: %v, want (%d, %v)", i, p, i+1, ema)
+		}
+	}
+	if len(lines[LossSmoothID]) != 9 {
+		t.Errorf("smoothed line has %d points, want 9", len(lines[LossSmoothID]))
+	}
+
+	// Without loss_steps.jsonl (an older titan's dump): the logged losses.
+	if err := os.Remove(filepath.Join(dir, StepLossFile)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := PlotRun(dir, "old"); err != nil {
+		t.Fatal(err)
+	}
+	lines, _ = svgLines(t, path)
+	if got := lines[LossRawID]; len(got) != 3 || got[0][0] != 3 || got[2][0] != 9 {
+		t.Errorf("fallback line %v, want the logged steps 3, 6, 9", got)
 	}
 	if _, err := PlotRun(t.TempDir(), "x"); err == nil {
 		t.Error("plotting a folder without metrics.jsonl must fail")
@@ -161,8 +269,16 @@ func TestSaveForAllRanks(t *testing.T) {
 				}
 				return
 			}
-			if len(entries) != 1 || entries[0].Name() != tc.file || RankFile(tc.rank) != tc.file {
-				t.Fatalf("files %v, want only %s", entries, tc.file)
+			want := []string{tc.file}
+			if tc.rank == 0 {
+				want = []string{StepLossFile, tc.file} // rank 0 keeps every step's loss too
+			}
+			var names []string
+			for _, e := range entries {
+				names = append(names, e.Name())
+			}
+			if fmt.Sprint(names) != fmt.Sprint(want) || RankFile(tc.rank) != tc.file {
+				t.Fatalf("files %v, want %v", names, want)
 			}
 			recs, err := ReadJSONL(filepath.Join(dir, tc.file))
 			if err != nil || len(recs) != 1 || recs[0].Loss != float64(10+tc.rank) {

@@ -74,23 +74,15 @@ func Plot(ctx context.Context, s *Store, ids []string, o PlotOptions, w io.Write
 		col := plot.Palette[i%len(plot.Palette)]
 		raw := plot.Series{Label: full + " raw", Color: col, Dashed: true}
 		ema := plot.Series{Label: full, Color: col}
-		var avg float64
-		n := 0
 		for _, r := range recs {
 			v, ok := metricOf(r, o.Metric)
 			if !ok || !(v > 0) || math.IsInf(v, 0) {
 				continue // log axes: only positive, finite values
 			}
-			if n == 0 {
-				avg = v
-			} else {
-				avg = beta*avg + (1-beta)*v
-			}
-			n++
 			raw.X, raw.Y = append(raw.X, float64(r.Step)), append(raw.Y, v)
-			ema.X, ema.Y = append(ema.X, float64(r.Step)), append(ema.Y, avg)
 		}
-		if n == 0 {
+		ema.X, ema.Y = raw.X, plot.EMA(raw.Y, beta)
+		if len(raw.Y) == 0 {
 			return fmt.Errorf("run %s has no positive %s values to plot", full, o.Metric)
 		}
 		chart.Series = append(chart.Series, raw, ema)

@@ -463,7 +463,9 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 		windowTokens += tr.accum * B * T * tr.dataRanks()
 		lossSum += loss
 		lossN++
-		tr.log.Progress(tr.Step, loss)
+		if err := tr.log.Step(tr.Step, loss); err != nil {
+			return err
+		}
 		var val *float64
 		if tr.Val != nil && job.Validation.Freq > 0 && tr.Step%job.Validation.Freq == 0 {
 			v, err := tr.Validate(job.Validation.Steps)
