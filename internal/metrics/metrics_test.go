@@ -52,8 +52,10 @@ func TestLogWritesConsoleAndJSONL(t *testing.T) {
 	}
 }
 
-// svgLines reads the points of loss.svg's polylines by id, in data
-// coordinates (step, loss), and counts its circles.
+// svgLines reads the data-points of loss.svg's polylines by id (step,
+// loss) and counts its circles. It checks that each polyline's drawn
+// points are its data points placed on the axes that the tick lines
+// show (within 0.01 pixel).
 func svgLines(t *testing.T, path string) (map[string][][2]float64, int) {
 	t.Helper()
 	f, err := os.Open(path)
@@ -61,7 +63,19 @@ func svgLines(t *testing.T, path string) (map[string][][2]float64, int) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	lines := map[string][][2]float64{}
+	parse := func(id, pts string) [][2]float64 {
+		var out [][2]float64
+		for _, p := range strings.Fields(pts) {
+			var xy [2]float64
+			if _, err := fmt.Sscanf(strings.Replace(p, ",", " ", 1), "%g %g", &xy[0], &xy[1]); err != nil {
+				t.Fatalf("polyline %s point %q: %v", id, p, err)
+			}
+			out = append(out, xy)
+		}
+		return out
+	}
+	data, pix := map[string][][2]float64{}, map[string][][2]float64{}
+	var xt, yt [][2]float64 // (value, pixel) of the tick lines
 	circles := 0
 	dec := xml.NewDecoder(f)
 	for {
@@ -76,30 +90,47 @@ func svgLines(t *testing.T, path string) (map[string][][2]float64, int) {
 		if !ok {
 			continue
 		}
-		if se.Name.Local == "circle" {
-			circles++
-		}
-		if se.Name.Local != "polyline" {
-			continue
-		}
-		var id, points string
+		attr := map[string]string{}
 		for _, a := range se.Attr {
-			switch a.Name.Local {
-			case "id":
-				id = a.Value
-			case "points":
-				points = a.Value
-			}
+			attr[a.Name.Local] = a.Value
 		}
-		for _, p := range strings.Fields(points) {
-			var xy [2]float64
-			if _, err := fmt.Sscanf(strings.Replace(p, ",", " ", 1), "%g %g", &xy[0], &xy[1]); err != nil {
-				t.Fatalf("polyline %s point %q: %v", id, p, err)
+		switch se.Name.Local {
+		case "circle":
+			circles++
+		case "line":
+			var v, x, y float64
+			fmt.Sscan(attr["data-value"], &v)
+			fmt.Sscan(attr["x1"], &x)
+			fmt.Sscan(attr["y1"], &y)
+			switch attr["class"] {
+			case "xtick":
+				xt = append(xt, [2]float64{v, x})
+			case "ytick":
+				yt = append(yt, [2]float64{v, y})
 			}
-			lines[id] = append(lines[id], xy)
+		case "polyline":
+			id := attr["id"]
+			data[id], pix[id] = parse(id, attr["data-points"]), parse(id, attr["points"])
 		}
 	}
-	return lines, circles
+	if len(xt) < 2 || len(yt) < 2 {
+		t.Fatalf("%s: %d x ticks, %d y ticks", path, len(xt), len(yt))
+	}
+	axis := func(ticks [][2]float64, v float64) float64 {
+		a, b := ticks[0], ticks[len(ticks)-1]
+		return a[1] + (v-a[0])*(b[1]-a[1])/(b[0]-a[0])
+	}
+	for id, d := range data {
+		if len(pix[id]) != len(d) {
+			t.Fatalf("polyline %s: %d points drawn, %d data points", id, len(pix[id]), len(d))
+		}
+		for i, p := range d {
+			if q := pix[id][i]; math.Abs(q[0]-axis(xt, p[0])) > 0.01 || math.Abs(q[1]-axis(yt, p[1])) > 0.01 {
+				t.Errorf("polyline %s point %d: drawn at %v, data %v belongs at (%.3f, %.3f)", id, i, q, p, axis(xt, p[0]), axis(yt, p[1]))
+			}
+		}
+	}
+	return data, circles
 }
 
 // TestPlotRun: loss.svg draws every step's loss (Step), not only the

@@ -64,9 +64,10 @@ func readLines(path string, fn func([]byte) error) error {
 // step's loss, then 0.9·previous + 0.1·loss; titan plot's default too).
 const LossSmoothing = 0.9
 
-// SVG element ids of loss.svg's lines. Their points are in data
-// coordinates (step, loss), mapped to the picture by the transform of
-// the group that holds them.
+// SVG element ids of loss.svg's lines. Each polyline's points are in
+// pixels; its data-points attribute holds the same points in data
+// coordinates (step, loss), exactly (shortest round-trip digits). The
+// axes' tick lines carry their value in data-value (class xtick, ytick).
 const (
 	LossRawID    = "loss-raw"
 	LossSmoothID = "loss-smooth"
@@ -132,29 +133,30 @@ func PlotLoss(steps []StepLoss, records []Record, path, title string) error {
 	fmt.Fprintf(&b, `<text x="%g" y="22" font-size="14">%s</text>`+"\n", left, escape(title))
 	fmt.Fprintf(&b, `<text x="%g" y="40" fill="#555">thin: every step's loss; thick: its exponential moving average (weight %g of the past)</text>`+"\n", left, LossSmoothing)
 	for v := lo; v <= hi+ystep/2; v += ystep {
-		fmt.Fprintf(&b, `<line x1="%g" x2="%g" y1="%.2f" y2="%.2f" stroke="#e2e2e2"/><text x="%g" y="%.2f" text-anchor="end">%s</text>`+"\n",
-			left, W-right, py(v), py(v), left-6, py(v)+4, strconv.FormatFloat(v, 'f', decimals(ystep), 64))
+		fmt.Fprintf(&b, `<line class="ytick" data-value="%s" x1="%g" x2="%g" y1="%.3f" y2="%.3f" stroke="#e2e2e2"/><text x="%g" y="%.2f" text-anchor="end">%s</text>`+"\n",
+			g(v), left, W-right, py(v), py(v), left-6, py(v)+4, strconv.FormatFloat(v, 'f', decimals(ystep), 64))
 	}
 	xstep := max(1, int(niceStep(float64(maxStep)/6)))
 	for s := 0; s <= maxStep; s += xstep {
-		fmt.Fprintf(&b, `<line x1="%.2f" x2="%.2f" y1="%g" y2="%g" stroke="#888"/><text x="%.2f" y="%g" text-anchor="middle">%d</text>`+"\n",
-			px(float64(s)), px(float64(s)), top+ph, top+ph+4, px(float64(s)), top+ph+18, s)
+		fmt.Fprintf(&b, `<line class="xtick" data-value="%d" x1="%.3f" x2="%.3f" y1="%g" y2="%g" stroke="#888"/><text x="%.2f" y="%g" text-anchor="middle">%d</text>`+"\n",
+			s, px(float64(s)), px(float64(s)), top+ph, top+ph+4, px(float64(s)), top+ph+18, s)
 	}
 	fmt.Fprintf(&b, `<path d="M%g %g V%g H%g" fill="none" stroke="#444"/>`+"\n", left, top, top+ph, W-right)
 	fmt.Fprintf(&b, `<text x="%g" y="%g" text-anchor="middle">step</text>`+"\n", left+pw/2, H-10)
 	fmt.Fprintf(&b, `<text transform="translate(16 %g) rotate(-90)" text-anchor="middle">loss</text>`+"\n", top+ph/2)
 
-	fmt.Fprintf(&b, `<g transform="matrix(%s 0 0 %s %s %s)" fill="none" stroke-linejoin="round">`+"\n", g(sx), g(sy), g(tx), g(ty))
+	b.WriteString(`<g fill="none" stroke-linejoin="round">` + "\n")
 	line := func(id, color string, width float64, s []int, y []float64) {
 		if len(s) == 0 {
 			return
 		}
-		pts := make([]string, len(s))
+		pix, data := make([]string, len(s)), make([]string, len(s))
 		for i := range s {
-			pts[i] = strconv.Itoa(s[i]) + "," + g(y[i])
+			pix[i] = fmt.Sprintf("%.3f,%.3f", px(float64(s[i])), py(y[i]))
+			data[i] = strconv.Itoa(s[i]) + "," + g(y[i])
 		}
-		fmt.Fprintf(&b, `<polyline id="%s" stroke="%s" stroke-width="%g" vector-effect="non-scaling-stroke" points="%s"/>`+"\n",
-			id, color, width, strings.Join(pts, " "))
+		fmt.Fprintf(&b, `<polyline id="%s" stroke="%s" stroke-width="%g" points="%s" data-points="%s"/>`+"\n",
+			id, color, width, strings.Join(pix, " "), strings.Join(data, " "))
 	}
 	line(LossRawID, "#9ecae1", 1, rawS, rawY)
 	line(LossSmoothID, "#08519c", 2.25, rawS, smooth)
