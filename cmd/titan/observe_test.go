@@ -534,6 +534,9 @@ func TestProfilingTrace(t *testing.T) {
 			t.Errorf("%s: %v", f, err)
 		}
 	}
+	if svg, _ := os.ReadFile(filepath.Join(dir, "timeline.svg")); !strings.Contains(string(svg), "titan: profiled steps 3-4, 4 ranks") {
+		t.Error("timeline.svg's title does not name the window's steps 3-4")
+	}
 	if !strings.Contains(out, "exposed comm ms") {
 		t.Errorf("the log lacks the summary table:\n%s", out)
 	}

@@ -200,3 +200,55 @@ func FormatSummary(sums []StepSummary) string {
 	}
 	return b.String()
 }
+
+// Steps lists, in order, the steps whose step spans (CatStep on the main
+// track) the window holds: the steps its pictures show.
+func Steps(ranks []RankTrace) []int {
+	seen := map[int]bool{}
+	var out []int
+	for _, r := range ranks {
+		for _, s := range r.Spans {
+			if s.Cat == CatStep && s.Track == MainTrack && !seen[s.Step] {
+				seen[s.Step] = true
+				out = append(out, s.Step)
+			}
+		}
+	}
+	sort.Ints(out)
+	return out
+}
+
+// StepsLabel names steps: "step 4", "steps 3-4", "steps 1-3, 7" (runs
+// of consecutive steps as ranges), "no steps".
+func StepsLabel(steps []int) string {
+	var parts []string
+	for i := 0; i < len(steps); {
+		j := i
+		for j+1 < len(steps) && steps[j+1] == steps[j]+1 {
+			j++
+		}
+		if j > i {
+			parts = append(parts, fmt.Sprintf("%d-%d", steps[i], steps[j]))
+		} else {
+			parts = append(parts, fmt.Sprint(steps[i]))
+		}
+		i = j + 1
+	}
+	switch len(steps) {
+	case 0:
+		return "no steps"
+	case 1:
+		return "step " + parts[0]
+	}
+	return "steps " + strings.Join(parts, ", ")
+}
+
+// Title is a window's timeline title: the steps it shows (Steps) and its
+// ranks, e.g. "titan: profiled steps 3-4, 4 ranks".
+func Title(ranks []RankTrace) string {
+	rk := "ranks"
+	if len(ranks) == 1 {
+		rk = "rank"
+	}
+	return fmt.Sprintf("titan: profiled %s, %d %s", StepsLabel(Steps(ranks)), len(ranks), rk)
+}

@@ -169,3 +169,38 @@ func BenchmarkHookOn(b *testing.B) {
 		}
 	}
 }
+
+// TestTitle: a window's title names the steps whose step spans it holds
+// (the whole window, not its last step), runs of steps as ranges.
+func TestTitle(t *testing.T) {
+	step := func(n int, cat, track string) Span {
+		return Span{Name: "x", Cat: cat, Track: track, Step: n, Stage: -1, Microbatch: -1}
+	}
+	tests := []struct {
+		steps []int
+		want  string
+	}{
+		{nil, "titan: profiled no steps, 2 ranks"},
+		{[]int{4}, "titan: profiled step 4, 2 ranks"},
+		{[]int{4, 3}, "titan: profiled steps 3-4, 2 ranks"},
+		{[]int{7, 1, 2, 3}, "titan: profiled steps 1-3, 7, 2 ranks"},
+		{[]int{2, 4, 6}, "titan: profiled steps 2, 4, 6, 2 ranks"},
+	}
+	for _, tc := range tests {
+		// rank 0 holds the step spans; rank 1 a duplicate of the first and
+		// spans of other categories and tracks, which name no step
+		ranks := []RankTrace{{Rank: 0}, {Rank: 1, Spans: []Span{step(99, CatGEMM, MainTrack), step(98, CatStep, "comm dp")}}}
+		for _, n := range tc.steps {
+			ranks[0].Spans = append(ranks[0].Spans, step(n, CatStep, MainTrack))
+		}
+		if len(tc.steps) > 0 {
+			ranks[1].Spans = append(ranks[1].Spans, step(tc.steps[0], CatStep, MainTrack))
+		}
+		if got := Title(ranks); got != tc.want {
+			t.Errorf("steps %v: %q, want %q", tc.steps, got, tc.want)
+		}
+	}
+	if got := Title([]RankTrace{{Spans: []Span{step(5, CatStep, MainTrack)}}}); got != "titan: profiled step 5, 1 rank" {
+		t.Errorf("one rank: %q", got)
+	}
+}

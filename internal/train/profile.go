@@ -207,17 +207,19 @@ func (p *profiler) flush(step int, spans []trace.Span) error {
 	dir := filepath.Join(p.dir, fmt.Sprintf("iteration_%d", step))
 	other := map[string]any{"profiled_steps": p.steps(step, phaseActive), "warmup_steps": p.steps(step, phaseWarmup),
 		"profile_freq": p.freq, "profiler_active": p.active, "profiler_warmup": p.warmup, "clock_offsets_ns": p.offsets}
-	if err := writeWindow(dir, ranks, step, other); err != nil {
+	if err := writeWindow(dir, ranks, other); err != nil {
 		return fmt.Errorf("profiling: %w", err)
 	}
 	sums := trace.Summarize(ranks)
-	p.log("titan: profile of step %d written to %s (trace.json for ui.perfetto.dev or chrome://tracing, timeline.svg and .png)\n%s", step, dir, trace.FormatSummary(sums))
+	p.log("titan: profile of %s written to %s (trace.json for ui.perfetto.dev or chrome://tracing, timeline.svg and .png)\n%s",
+		trace.StepsLabel(trace.Steps(ranks)), dir, trace.FormatSummary(sums))
 	return nil
 }
 
 // writeWindow writes trace.json, summary.txt, summary.json and
-// timeline.svg of a window into dir, each by write-and-rename.
-func writeWindow(dir string, ranks []trace.RankTrace, step int, other map[string]any) error {
+// timeline.svg|png of a window into dir, each by write-and-rename; the
+// timeline's title names the window's steps.
+func writeWindow(dir string, ranks []trace.RankTrace, other map[string]any) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -225,7 +227,7 @@ func writeWindow(dir string, ranks []trace.RankTrace, step int, other map[string
 	if err := trace.WriteChrome(&chrome, ranks, other); err != nil {
 		return err
 	}
-	title := fmt.Sprintf("titan: profiled step %d, %d ranks", step, len(ranks))
+	title := trace.Title(ranks) // the steps it shows: the whole window
 	if err := trace.WriteSVG(&svg, ranks, title); err != nil {
 		return err
 	}

@@ -60,7 +60,7 @@ func BenchmarkProfilingOverhead(b *testing.B) {
 		spans = trace.Take()
 	}
 	t0 := time.Now()
-	if err := writeWindow(b.TempDir(), []trace.RankTrace{{Host: "bench", Spans: spans}}, 1, nil); err != nil {
+	if err := writeWindow(b.TempDir(), []trace.RankTrace{{Host: "bench", Spans: spans}}, nil); err != nil {
 		b.Fatal(err)
 	}
 	flush := time.Since(t0)
