@@ -22,6 +22,7 @@ Start with the built-in debug recipe, which needs no download:
 		SilenceErrors: true,
 	}
 	root.AddCommand(newTrainCmd(), newEvalCmd(), newGenerateCmd(), newCheckpointCmd(), newTokenizerCmd(), newConfigCmd(), newBenchCmd(), newRunsCmd(), newPlotCmd(), newDebugCmd(), newAggifyCmd(), newAnalyzeCmd(), newVersionCmd())
+	root.AddCommand(newTopCmd())
 	return root
 }
 

@@ -101,22 +101,39 @@ func Read(path string) (s Snapshot, ok bool, err error) {
 	return s, true, nil
 }
 
+// Names of the endpoint's metric families (titan top reads them). Every
+// sample has the label job_id; the per-rank ones rank and host too.
+const (
+	MetricUp           = "titan_job_up"
+	MetricStep         = "titan_step"
+	MetricSteps        = "titan_steps_total_planned"
+	MetricLoss         = "titan_loss"
+	MetricStepsPerSec  = "titan_steps_per_second"
+	MetricTokensPerSec = "titan_tokens_per_second"
+	MetricMFU          = "titan_mfu_percent"
+	MetricStragglers   = "titan_stragglers_reported"
+	MetricRankStep     = "titan_rank_step_seconds"
+	MetricRankCompute  = "titan_rank_compute_seconds"
+	MetricRankMemory   = "titan_rank_memory_bytes"
+	MetricLastUpdate   = "titan_last_update_timestamp_seconds"
+)
+
 // metric is one Prometheus metric family.
 type metric struct{ name, kind, help string }
 
 var (
-	mUp         = metric{"titan_job_up", "gauge", "1 while the job runs and rank 0 has reported a step."}
-	mStep       = metric{"titan_step", "gauge", "Steps completed."}
-	mSteps      = metric{"titan_steps_total_planned", "gauge", "training.steps of the run."}
-	mLoss       = metric{"titan_loss", "gauge", "Loss of the latest step."}
-	mStepsPS    = metric{"titan_steps_per_second", "gauge", "Optimizer steps per second (latest step)."}
-	mTPS        = metric{"titan_tokens_per_second", "gauge", "Tokens trained on per second, the whole job."}
-	mMFU        = metric{"titan_mfu_percent", "gauge", "Model FLOPs utilisation, percent of the job's peak."}
-	mStraggler  = metric{"titan_stragglers_reported", "counter", "Straggler reports so far."}
-	mRankStep   = metric{"titan_rank_step_seconds", "gauge", "Each rank's latest step time."}
-	mRankComp   = metric{"titan_rank_compute_seconds", "gauge", "Each rank's latest step time less its time blocked in communication."}
-	mRankMem    = metric{"titan_rank_memory_bytes", "gauge", "Each rank's peak resident memory."}
-	mLastUpdate = metric{"titan_last_update_timestamp_seconds", "gauge", "When rank 0 wrote the snapshot (Unix time)."}
+	mUp         = metric{MetricUp, "gauge", "1 while the job runs and rank 0 has reported a step."}
+	mStep       = metric{MetricStep, "gauge", "Steps completed."}
+	mSteps      = metric{MetricSteps, "gauge", "training.steps of the run."}
+	mLoss       = metric{MetricLoss, "gauge", "Loss of the latest step."}
+	mStepsPS    = metric{MetricStepsPerSec, "gauge", "Optimizer steps per second (latest step)."}
+	mTPS        = metric{MetricTokensPerSec, "gauge", "Tokens trained on per second, the whole job."}
+	mMFU        = metric{MetricMFU, "gauge", "Model FLOPs utilisation, percent of the job's peak."}
+	mStraggler  = metric{MetricStragglers, "counter", "Straggler reports so far."}
+	mRankStep   = metric{MetricRankStep, "gauge", "Each rank's latest step time."}
+	mRankComp   = metric{MetricRankCompute, "gauge", "Each rank's latest step time less its time blocked in communication."}
+	mRankMem    = metric{MetricRankMemory, "gauge", "Each rank's peak resident memory."}
+	mLastUpdate = metric{MetricLastUpdate, "gauge", "When rank 0 wrote the snapshot (Unix time)."}
 )
 
 // WritePrometheus renders s in the Prometheus text exposition format
