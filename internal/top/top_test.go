@@ -129,7 +129,9 @@ func TestTerminalRedrawsInPlace(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	out := &syncBuilder{}
 	done := make(chan error, 1)
-	go func() { done <- Run(ctx, out, Options{URL: srv.URL + "/metrics", Interval: 10 * time.Millisecond, Terminal: true}) }()
+	go func() {
+		done <- Run(ctx, out, Options{URL: srv.URL + "/metrics", Interval: 10 * time.Millisecond, Terminal: true})
+	}()
 	deadline := time.Now().Add(10 * time.Second)
 	for strings.Count(out.String(), home) < 3 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
