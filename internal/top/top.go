@@ -157,7 +157,11 @@ func Render(w io.Writer, source string, v View, now time.Time, rows int) error {
 		fmt.Fprintf(&b, "%5d  %-*s  %9.2f  %10.2f  %7s  %8.3f  %s\n", r.Rank, hostW, r.Host, 1e3*r.StepS, 1e3*r.ComputeS, share, r.MemBytes/(1<<30), bar(r, slow))
 	}
 	if hidden > 0 {
-		fmt.Fprintf(&b, "(%d faster ranks not shown)\n", hidden)
+		noun := "ranks"
+		if hidden == 1 {
+			noun = "rank"
+		}
+		fmt.Fprintf(&b, "(%d faster %s not shown)\n", hidden, noun)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
