@@ -439,7 +439,7 @@ func TestProfilingTrace(t *testing.T) {
 	steps := map[int]map[int]bool{}
 	gemm := map[int][]iv{}
 	gathers := map[int][]iv{}
-	firstF := map[[2]int]iv{} // stage, microbatch → earliest forward on any rank of the stage
+	firstF := map[[2]int]iv{} // rank, microbatch → its forward of step 4
 	bubbles := map[int]float64{}
 	for _, e := range tr.TraceEvents {
 		if e.Ph == "M" && e.Name == "process_name" {
@@ -460,7 +460,7 @@ func TestProfilingTrace(t *testing.T) {
 			kind := strings.Fields(e.Name)[0]
 			actions[e.PID][kind]++
 			if kind == "F" && int(e.Args["step"].(float64)) == 4 {
-				k := [2]int{st, mb}
+				k := [2]int{e.PID, mb}
 				if cur, ok := firstF[k]; !ok || e.TS < cur.a {
 					firstF[k] = iv{e.TS, e.TS + e.Dur}
 				}
@@ -502,12 +502,17 @@ func TestProfilingTrace(t *testing.T) {
 			t.Errorf("rank %d: no pipeline bubble", r)
 		}
 	}
-	// Clock alignment: stage 1 receives microbatch mb from stage 0.
-	for mb := 0; mb < 4; mb++ {
-		s0, ok0 := firstF[[2]int{0, mb}]
-		s1, ok1 := firstF[[2]int{1, mb}]
-		if !ok0 || !ok1 || s1.a < s0.b-1000 { // 1 ms of slack for the offsets' error
-			t.Errorf("microbatch %d: stage 1 starts its forward at %v µs, stage 0 ends it at %v µs", mb, s1.a, s0.b)
+	// Clock alignment: rank r+2 (stage 1) receives microbatch mb from its
+	// pipeline peer, rank r (stage 0, the same dp_shard coordinate; pp is
+	// the mesh's outermost dimension), so it starts its forward after
+	// rank r's ends.
+	for r := 0; r < 2; r++ {
+		for mb := 0; mb < 4; mb++ {
+			s0, ok0 := firstF[[2]int{r, mb}]
+			s1, ok1 := firstF[[2]int{r + 2, mb}]
+			if !ok0 || !ok1 || s1.a < s0.b-1000 { // 1 ms of slack for the offsets' error
+				t.Errorf("microbatch %d: rank %d (stage 1) starts its forward at %v µs, its peer rank %d ends it at %v µs", mb, r+2, s1.a, r, s0.b)
+			}
 		}
 	}
 	var sums []struct {

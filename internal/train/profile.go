@@ -44,7 +44,8 @@ const (
 )
 
 // newProfiler measures the ranks' clock offsets to rank 0 (every rank
-// takes part) when profiling is on; nil when off.
+// takes part; ranks on rank 0's host share its clock) when profiling is
+// on; nil when off.
 func (tr *Trainer) newProfiler(hosts []string) (*profiler, error) {
 	p := tr.Job.Profiling
 	if !p.EnableProfiling {
@@ -56,6 +57,14 @@ func (tr *Trainer) newProfiler(hosts []string) (*profiler, error) {
 	var err error
 	if pr.offsets, err = clockOffsets(pr.group, pr.rank, pr.world); err != nil {
 		return nil, fmt.Errorf("profiling: measuring clock offsets: %w", err)
+	}
+	// Processes on rank 0's host read the same wall clock: their offset is
+	// exactly 0, where a measurement would add up to half a round trip of
+	// error (milliseconds on a loaded machine).
+	for r := range pr.offsets {
+		if r < len(hosts) && len(hosts) > 0 && hosts[r] == hosts[0] {
+			pr.offsets[r] = 0
+		}
 	}
 	pr.offset = pr.offsets[pr.rank]
 	return pr, nil
