@@ -614,3 +614,65 @@ func TestMemorySnapshot(t *testing.T) {
 		t.Errorf("largest parameters+gradients+optimizer %v GiB, metrics.jsonl state_gib %v", maxState, state)
 	}
 }
+
+// TestNearOutOfMemorySnapshot: a rank whose resident memory passes 90% of
+// its budget writes a memory snapshot with its last samples and says so,
+// once, while it still can (a rank killed for memory cannot). The budget
+// is set below the run's need with the test hook.
+func TestNearOutOfMemorySnapshot(t *testing.T) {
+	dump := t.TempDir()
+	t.Setenv("TITAN_TEST_MEMORY_BUDGET", "10000000")
+	args := set(tinyRun(dump, corpus(t), 8), "checkpoint.enable=false",
+		"profiling.enable_memory_snapshot=true", "profiling.save_memory_snapshot_folder=mem", "profiling.profile_freq=100")
+	var stderr bytes.Buffer
+	out, err := withStderr(&stderr, func() (string, error) { return titan(t, args...) })
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	files, _ := filepath.Glob(filepath.Join(dump, "mem", "iteration_*", "rank0_near_oom_memory_snapshot.json"))
+	if len(files) != 1 {
+		t.Fatalf("%d near-out-of-memory snapshots (%v), want 1\n%s", len(files), files, stderr.String())
+	}
+	raw, err := os.ReadFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s struct {
+		Reason  string
+		PeakRSS int64 `json:"peak_rss"`
+		Samples []struct{ RSS int64 }
+		Static  struct{ Parameters int64 }
+	}
+	if err := json.Unmarshal(raw, &s); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(s.Reason, "near out of memory") || len(s.Samples) == 0 || s.PeakRSS <= 9000000 || s.Static.Parameters == 0 {
+		t.Errorf("snapshot: reason %q, %d samples, peak %d, parameters %d", s.Reason, len(s.Samples), s.PeakRSS, s.Static.Parameters)
+	}
+	if _, err := os.Stat(strings.TrimSuffix(files[0], ".json") + ".svg"); err != nil {
+		t.Error(err)
+	}
+	if !strings.Contains(stderr.String(), "rank 0: warning: near out of memory at step") {
+		t.Errorf("no warning on stderr:\n%s", stderr.String())
+	}
+}
+
+// withStderr runs f with os.Stderr sent to w as well.
+func withStderr(w *bytes.Buffer, f func() (string, error)) (string, error) {
+	r, pw, err := os.Pipe()
+	if err != nil {
+		return "", err
+	}
+	orig := os.Stderr
+	os.Stderr = pw
+	done := make(chan struct{})
+	go func() {
+		io.Copy(io.MultiWriter(w, orig), r)
+		close(done)
+	}()
+	out, ferr := f()
+	os.Stderr = orig
+	pw.Close()
+	<-done
+	return out, ferr
+}

@@ -116,16 +116,8 @@ func (r *Recorder) Stop(rank int, host string, step int, st Static) Snapshot {
 	close(r.stop)
 	r.done.Wait()
 	r.sample()
-	s := Snapshot{Rank: rank, Host: host, Step: step, Reason: "step", Static: st, Samples: r.samples,
-		DurationMS: float64(time.Since(r.start)) / 1e6, SampleEvery: SampleEvery.String()}
-	s.Accounted = st.Total()
-	for i, x := range r.samples {
-		if i == 0 || x.RSS > s.PeakRSS {
-			s.PeakRSS, s.Peak = x.RSS, x
-		}
-		s.PeakGathered = max(s.PeakGathered, x.GatheredUnits)
-		s.PeakComm = max(s.PeakComm, x.CommBuffers)
-	}
+	s := Of(rank, host, step, "step", st, r.samples, SampleEvery)
+	s.DurationMS = float64(time.Since(r.start)) / 1e6
 	return s
 }
 
@@ -230,4 +222,83 @@ func human(n int64) string {
 		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+// WatchEvery is the sampling period of a Watch, and WatchKeep how many of
+// its latest samples a near-out-of-memory snapshot holds (the last 2 s).
+const (
+	WatchEvery = 20 * time.Millisecond
+	WatchKeep  = 100
+)
+
+// NearFraction is the share of its memory budget at which a rank's Watch
+// takes a snapshot: a process killed by the kernel's out-of-memory killer
+// (or by the Go runtime's "out of memory") cannot write anything, so the
+// snapshot is taken on the way there.
+const NearFraction = 0.9
+
+// Watch samples a process's memory through a whole run and calls near
+// once, with its latest samples, the first time the resident memory
+// exceeds NearFraction of budget.
+type Watch struct {
+	stop chan struct{}
+	done sync.WaitGroup
+}
+
+// StartWatch begins watching; budget is the bytes the process may hold
+// in all (its resident memory when it started plus what was available).
+func StartWatch(p Probes, budget int64, near func(samples []Sample)) *Watch {
+	w := &Watch{stop: make(chan struct{})}
+	start := time.Now()
+	limit := int64(NearFraction * float64(budget))
+	w.done.Add(1)
+	go func() {
+		defer w.done.Done()
+		t := time.NewTicker(WatchEvery)
+		defer t.Stop()
+		ring := make([]Sample, 0, WatchKeep)
+		for {
+			select {
+			case <-w.stop:
+				return
+			case <-t.C:
+			}
+			x := Sample{MS: float64(time.Since(start)) / 1e6, GatheredUnits: p.Gathered(), CommBuffers: p.Comm(), RSS: RSS()}
+			if len(ring) == WatchKeep {
+				ring = append(ring[:0], ring[1:]...)
+			}
+			ring = append(ring, x)
+			if x.RSS > limit {
+				near(append([]Sample(nil), ring...))
+				return
+			}
+		}
+	}()
+	return w
+}
+
+// Stop ends the watch.
+func (w *Watch) Stop() {
+	if w == nil {
+		return
+	}
+	close(w.stop)
+	w.done.Wait()
+}
+
+// Of builds a snapshot from samples (a Watch's), with the reason given.
+func Of(rank int, host string, step int, reason string, st Static, samples []Sample, every time.Duration) Snapshot {
+	s := Snapshot{Rank: rank, Host: host, Step: step, Reason: reason, Static: st, Samples: samples, SampleEvery: every.String()}
+	s.Accounted = st.Total()
+	for i, x := range samples {
+		if i == 0 || x.RSS > s.PeakRSS {
+			s.PeakRSS, s.Peak = x.RSS, x
+		}
+		s.PeakGathered = max(s.PeakGathered, x.GatheredUnits)
+		s.PeakComm = max(s.PeakComm, x.CommBuffers)
+	}
+	if n := len(samples); n > 0 {
+		s.DurationMS = samples[n-1].MS - samples[0].MS
+	}
+	return s
 }

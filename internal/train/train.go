@@ -394,6 +394,7 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 		return err
 	}
 	tr.mem = tr.newMemSnapper(tr.obs.hosts)
+	defer tr.mem.close()
 	watch := memplan.NewLossWatch(tr.fam.VocabSize(), job.Optimizer.LR)
 	tr.logNotes()
 	if job.Checkpoint.CreateSeedCheckpoint {
