@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/titan-go/titan/internal/config"
 	"github.com/titan-go/titan/internal/model"
@@ -56,6 +57,24 @@ type Degrees struct {
 
 // World is the number of ranks the degrees lay out.
 func (d Degrees) World() int { return d.PP * d.DPReplicate * d.DPShard * d.CP * d.TP }
+
+// ShardGroup is the size of the group parameters are sharded over:
+// dp_shard × cp when dp_shard > 1 (torchtitan shards over both), else 1.
+func (d Degrees) ShardGroup() int {
+	if d.DPShard > 1 {
+		return d.DPShard * max(d.CP, 1)
+	}
+	return 1
+}
+
+// ReplicateGroup is the size of the group gradients are all-reduced
+// over: dp_replicate, times cp when dp_shard is 1.
+func (d Degrees) ReplicateGroup() int {
+	if d.DPShard > 1 {
+		return max(d.DPReplicate, 1)
+	}
+	return max(d.DPReplicate, 1) * max(d.CP, 1)
+}
 
 // String writes the degrees as the recipe's keys.
 func (d Degrees) String() string {
@@ -327,7 +346,9 @@ func unitSizes(plan Plan) (embed, layer, head int64) {
 // FSDP buffers of a rank holding units (elements each).
 func stateReport(plan Plan, units []int64) Report {
 	d := plan.Degrees
-	shard := int64(d.DPShard)
+	// FSDP shards over dp_shard × cp (torchtitan's dp_shard_cp mesh, as
+	// parallel.NewGroups builds it); without dp_shard, cp replicates.
+	shard := int64(d.ShardGroup())
 	var state, largest, gathered int64
 	for _, u := range units {
 		state += ceilDiv(u, shard)
@@ -415,11 +436,7 @@ func llamaPlan(plan Plan, stage *llama.StageSpec) llama.Plan {
 // at the plan's compute precision.
 func stageActivations(plan Plan, rows int, stage model.StageSpec) (act, split int64, err error) {
 	ls := llama.StageSpec(stage)
-	lp := llamaPlan(plan, &ls)
-	if act, err = llama.ActivationBytesFor(plan.Model, rows, plan.SeqLen, lp); err != nil {
-		return 0, 0, fmt.Errorf("memplan: %w", err)
-	}
-	if split, err = llama.SplitBytesFor(plan.Model, rows, plan.SeqLen, lp); err != nil {
+	if act, split, err = planned(plan.Model, rows, plan.SeqLen, llamaPlan(plan, &ls)); err != nil {
 		return 0, 0, fmt.Errorf("memplan: %w", err)
 	}
 	cb := plan.Precision.compute()
@@ -448,7 +465,7 @@ func activations(plan Plan, layers int64) (act, comm int64, err error) {
 		inFlight = min(int64(d.PP), ceilDiv(int64(plan.Batch), int64(rows)))
 	}
 	model := func(stage *llama.StageSpec) (int64, error) {
-		n, err := llama.ActivationBytesFor(c, rows, plan.SeqLen, llamaPlan(plan, stage))
+		n, _, err := planned(c, rows, plan.SeqLen, llamaPlan(plan, stage))
 		if err != nil {
 			return 0, fmt.Errorf("memplan: %w", err)
 		}
@@ -500,6 +517,44 @@ func commBytes(plan Plan, rows int, inFlight int64) (comm int64) {
 		comm += 2 * N / tp * D * cb
 	}
 	return comm
+}
+
+// plannedKey identifies one activation plan.
+type plannedKey struct {
+	cfg           llama.Config
+	rows, T       int
+	tp, cp, chunk int
+	mode, option  string
+	stage         llama.StageSpec
+	staged        bool
+}
+
+type plannedVal struct {
+	act, split int64
+	err        error
+}
+
+// plans memoizes planned: searches (titan plan --search) estimate
+// thousands of layouts of the same few stage shapes.
+var plans sync.Map
+
+// planned returns llama's activation bytes and split-backward bytes of
+// one part (llama.ActivationBytesFor, llama.SplitBytesFor), memoized.
+func planned(c llama.Config, rows, T int, lp llama.Plan) (act, split int64, err error) {
+	k := plannedKey{cfg: c, rows: rows, T: T, tp: lp.TP, cp: lp.CP, chunk: lp.LogitChunk, mode: lp.Checkpoint.Mode, option: lp.Checkpoint.SelectiveOption}
+	if lp.Stage != nil {
+		k.stage, k.staged = *lp.Stage, true
+	}
+	if v, ok := plans.Load(k); ok {
+		v := v.(plannedVal)
+		return v.act, v.split, v.err
+	}
+	var v plannedVal
+	if v.act, v.err = llama.ActivationBytesFor(c, rows, T, lp); v.err == nil {
+		v.split, v.err = llama.SplitBytesFor(c, rows, T, lp)
+	}
+	plans.Store(k, v)
+	return v.act, v.split, v.err
 }
 
 // planOnly stands in for the peers of a tensor- or context-parallel
