@@ -72,8 +72,8 @@ tps = sum(x["tokens_per_sec"] for x in last) / len(last) / n
 mem = max(x["mem_gib"] for x in recs)
 print(json.dumps({"run": sys.argv[7], "layout": sys.argv[3], "nproc": n, "round": int(sys.argv[5]), "load_before": float(sys.argv[6]),
     "measured_tps_per_proc": tps, "measured_mem_gib": mem,
-    "predicted_tps_per_proc": pred["tokens_per_sec_per_device"], "predicted_mem_gib": pred["memory_bytes"]["Predicted"] / 2**30,
-    "memplan_total_gib": pred["memory_bytes"]["Total"] / 2**30, "bubble": pred["bubble_fraction"], "plan_layout": pred["layout"]}))
+    "predicted_tps_per_proc": pred["tokens_per_sec_per_device"], "predicted_mem_gib": pred["memory_bytes"]["predicted"] / 2**30,
+    "memplan_total_gib": pred["memory_bytes"]["memplan_total"] / 2**30, "bubble": pred["bubble_fraction"], "plan_layout": pred["layout"]}))
 PY
 		echo "round $r $l done" >&2
 	done

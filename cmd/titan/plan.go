@@ -20,6 +20,7 @@ func newPlanCmd() *cobra.Command {
 	var rf recipeFlags
 	var clusterRef, calPath string
 	var world, top, maxCP, maxTP int
+	var calNProcs []int
 	var asJSON, search, calibrate, reference, compile, float8, asyncTP bool
 	cmd := &cobra.Command{
 		Use:   "plan",
@@ -49,7 +50,7 @@ batch, and ranks the layouts that fit by predicted tokens/s.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			out := cmd.OutOrStdout()
 			if calibrate {
-				return runCalibrate(cmd, clusterRef, calPath)
+				return runCalibrate(cmd, clusterRef, calPath, calNProcs)
 			}
 			if reference {
 				rs, cal, err := plan.CompareReference()
@@ -118,6 +119,7 @@ batch, and ranks the layouts that fit by predicted tokens/s.`,
 	f.IntVar(&maxTP, "max-tp", 0, "largest tensor parallel degree --search tries (0: a node's devices)")
 	f.IntVar(&maxCP, "max-cp", 0, "largest context parallel degree --search tries (0: 8)")
 	f.BoolVar(&calibrate, "calibrate", false, "benchmark this machine's kernels and collectives and write the calibration")
+	f.IntSliceVar(&calNProcs, "calibrate-nproc", []int{2, 4}, "process counts --calibrate measures the collectives of")
 	f.BoolVar(&reference, "reference", false, "predict torchtitan's published H100 rows from the calibration row and compare")
 	f.BoolVar(&compile, "compile", false, "GPU: fused element-wise kernels (torch.compile)")
 	f.BoolVar(&float8, "float8", false, "GPU: float8 linear layers")
@@ -181,7 +183,7 @@ func calibrationPath(p string) (string, error) {
 }
 
 // runCalibrate measures this machine and writes its calibration.
-func runCalibrate(cmd *cobra.Command, ref, calPath string) error {
+func runCalibrate(cmd *cobra.Command, ref, calPath string, nprocs []int) error {
 	if ref == "" || ref == thisMachine {
 		ref = "cpu-2core"
 	}
@@ -193,7 +195,7 @@ func runCalibrate(cmd *cobra.Command, ref, calPath string) error {
 	if err != nil {
 		return err
 	}
-	cal, err := plan.CalibrateCPU(cmd.Context(), c, plan.CalibrateOptions{Exe: exe, Log: cmd.ErrOrStderr()})
+	cal, err := plan.CalibrateCPU(cmd.Context(), c, plan.CalibrateOptions{Exe: exe, NProcs: nprocs, Log: cmd.ErrOrStderr()})
 	if err != nil {
 		return err
 	}

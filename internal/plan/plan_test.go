@@ -153,7 +153,7 @@ func TestBubbleIsSimulation(t *testing.T) {
 		if d := math.Abs(b.Bubble - p.BubbleFraction*makespan); d > 1e-9*makespan {
 			t.Errorf("%s: bubble %g s, but %.4f of the makespan %g s is %g", sched, b.Bubble, p.BubbleFraction, makespan, p.BubbleFraction*makespan)
 		}
-		sum := b.Matmul + b.Attention + b.Elementwise + b.TP + b.CP + b.Bubble + b.FSDP + b.DP + b.Optimizer
+		sum := b.Matmul + b.Attention + b.Elementwise + b.Recompute + b.TP + b.CP + b.Bubble + b.FSDP + b.DP + b.Optimizer
 		if math.Abs(sum-b.Step) > 1e-9*b.Step {
 			t.Errorf("%s: parts sum to %g, step %g", sched, sum, b.Step)
 		}

@@ -3,6 +3,7 @@ package plan
 import (
 	"fmt"
 	"math"
+	"strconv"
 
 	"github.com/titan-go/titan/internal/cluster"
 	"github.com/titan-go/titan/internal/memplan"
@@ -13,9 +14,10 @@ import (
 // Breakdown is one step of the busiest rank, in seconds, by part.
 type Breakdown struct {
 	// Matmul, Attention and Elementwise are the compute of every
-	// microbatch, recomputation included; Float8 casts count as
-	// element-wise.
-	Matmul, Attention, Elementwise float64 `json:"-"`
+	// microbatch's forward and backward; Float8 casts count as
+	// element-wise. Recompute is what activation checkpointing computes
+	// again.
+	Matmul, Attention, Elementwise, Recompute float64 `json:"-"`
 	// TP and CP are the tensor- and context-parallel communication on
 	// the critical path (after the overlap they get), PP the
 	// point-to-point transfers' latency within the pipeline makespan.
@@ -36,7 +38,7 @@ type Breakdown struct {
 // parts lists the breakdown's named parts (Step excluded).
 func (b Breakdown) parts() []namedTime {
 	return []namedTime{
-		{"matmul", b.Matmul}, {"attention", b.Attention}, {"elementwise", b.Elementwise},
+		{"matmul", b.Matmul}, {"attention", b.Attention}, {"elementwise", b.Elementwise}, {"recompute (activation checkpointing)", b.Recompute},
 		{"tp comm (exposed)", b.TP}, {"cp comm (exposed)", b.CP}, {"pipeline bubble", b.Bubble},
 		{"fsdp comm (exposed)", b.FSDP}, {"dp all-reduce (exposed)", b.DP}, {"optimizer", b.Optimizer},
 	}
@@ -339,9 +341,10 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 	m := float64(sched.Microbatches)
 	busy := m * v * (costF + costB + costW)
 	var b Breakdown
-	b.Matmul = m * (fMM + 2*bMM + rMM)
-	b.Attention = m * (fAttn + bAttn + rAttn)
-	b.Elementwise = m * (fEW + bEW + rEW)
+	b.Matmul = m * (fMM + 2*bMM)
+	b.Attention = m * (fAttn + bAttn)
+	b.Elementwise = m * (fEW + bEW)
+	b.Recompute = m * (rMM + rAttn + rEW)
 	b.TP = m * (tpF + tpB)
 	b.CP = m * (cpF + cpB)
 	b.Bubble = sim.Makespan - busy
@@ -392,7 +395,9 @@ func lossShare(s rankShare, N, V, tp float64, rt Runtime) float64 {
 }
 
 // lossBwd is the loss's backward traffic (bytes) of a microbatch.
-func lossBwd(s rankShare, N, V, tp float64, rt Runtime) float64 { return 2 * lossShare(s, N, V, tp, rt) }
+func lossBwd(s rankShare, N, V, tp float64, rt Runtime) float64 {
+	return 2 * lossShare(s, N, V, tp, rt)
+}
 
 // embedBwd is the embedding's traffic, forward (the lookup) or backward
 // (its gradient) alike.
@@ -418,9 +423,7 @@ func recompute(ac memplan.Checkpoint, n int) (layers float64, ops bool) {
 		if ac.Option == "op" {
 			return 0, true
 		}
-		var every int
-		fmt.Sscan(ac.Option, &every)
-		if every > 0 {
+		if every, err := strconv.Atoi(ac.Option); err == nil && every > 0 {
 			return float64(n / every), false
 		}
 	}

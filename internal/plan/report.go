@@ -17,7 +17,11 @@ type JSONPrediction struct {
 	Cluster string `json:"cluster"`
 	World   int    `json:"world"`
 	Degrees struct {
-		PP, DPReplicate, DPShard, CP, TP int
+		PP          int `json:"pp"`
+		DPReplicate int `json:"dp_replicate"`
+		DPShard     int `json:"dp_shard"`
+		CP          int `json:"cp"`
+		TP          int `json:"tp"`
 	} `json:"degrees"`
 	Schedule       string `json:"schedule,omitempty"`
 	Microbatches   int    `json:"microbatches"`
@@ -26,9 +30,16 @@ type JSONPrediction struct {
 	SeqLen         int    `json:"seq_len"`
 	Checkpoint     string `json:"activation_checkpoint"`
 	Memory         struct {
-		Params, Grads, Optimizer, FSDPBuffers, Activations, Comm, Total int64
-		Predicted, Capacity                                             float64
-		Fits                                                            bool
+		Params      int64   `json:"params"`
+		Grads       int64   `json:"grads"`
+		Optimizer   int64   `json:"optimizer"`
+		FSDPBuffers int64   `json:"fsdp_buffers"`
+		Activations int64   `json:"activations"`
+		Comm        int64   `json:"comm"`
+		Total       int64   `json:"memplan_total"`
+		Predicted   float64 `json:"predicted"`
+		Capacity    float64 `json:"capacity"`
+		Fits        bool    `json:"fits"`
 	} `json:"memory_bytes"`
 	Step            []namedTime `json:"step_seconds"`
 	StepTotal       float64     `json:"step_total_seconds"`
@@ -79,21 +90,21 @@ func WriteTable(w io.Writer, p Prediction, cal Calibration) {
 		n string
 		v int64
 	}{{"parameters", m.Params}, {"gradients", m.Grads}, {"optimizer state", m.Optimizer}, {"FSDP unit buffers", m.FSDPBuffers}, {"activations", m.Activations}, {"communication buffers", m.Comm}, {"memplan total", m.Total()}} {
-		fmt.Fprintf(w, "  %-30s %12s\n", x.n, memplan.Human(x.v))
+		fmt.Fprintf(w, "  %-36s %12s\n", x.n, memplan.Human(x.v))
 	}
 	fits := "fits"
 	if !p.Fits() {
 		fits = "DOES NOT FIT"
 	}
-	fmt.Fprintf(w, "  %-30s %12s  of %s: %s\n", fmt.Sprintf("device (×%.3g + %s)", cal.MemoryFactor, memplan.Human(int64(cal.MemoryBase))), memplan.Human(int64(p.MemoryBytes)), memplan.Human(int64(p.Capacity)), fits)
+	fmt.Fprintf(w, "  %-36s %12s  of %s: %s\n", fmt.Sprintf("device (×%.3g + %s)", cal.MemoryFactor, memplan.Human(int64(cal.MemoryBase))), memplan.Human(int64(p.MemoryBytes)), memplan.Human(int64(p.Capacity)), fits)
 	fmt.Fprintf(w, "step time (busiest rank)\n")
 	for _, x := range p.Step.parts() {
 		if x.Seconds == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "  %-30s %12s  %5.1f%%\n", x.Name, seconds(x.Seconds), 100*x.Seconds/p.Step.Step)
+		fmt.Fprintf(w, "  %-36s %12s  %5.1f%%\n", x.Name, seconds(x.Seconds), 100*x.Seconds/p.Step.Step)
 	}
-	fmt.Fprintf(w, "  %-30s %12s\n", "step", seconds(p.Step.Step))
+	fmt.Fprintf(w, "  %-36s %12s\n", "step", seconds(p.Step.Step))
 	if l.Degrees.ShardGroup() > 1 || l.Degrees.ReplicateGroup() > 1 {
 		fmt.Fprintf(w, "data-parallel communication before overlap: FSDP %s, all-reduce %s\n", seconds(p.Step.FSDPTotal), seconds(p.Step.DPTotal))
 	}
@@ -118,6 +129,14 @@ func WriteSearch(w io.Writer, r SearchResult, cal Calibration) {
 		p := c.Prediction
 		fmt.Fprintf(tw, "%d\t%s\t%.4g\t%.1f%%\t%s\t%s\t%.1f%%\t%s\n", i+1, p.Job.Layout, p.TokensPerDevice, 100*p.MFU,
 			memplan.Human(int64(p.MemoryBytes)), seconds(p.Step.Step), 100*p.BubbleFraction, c.Why)
+	}
+	if g := r.Given.Prediction; g.Step.Step > 0 {
+		rank := "does not fit"
+		if r.GivenRank > 0 {
+			rank = fmt.Sprintf("#%d", r.GivenRank)
+		}
+		fmt.Fprintf(tw, "given\t%s\t%.4g\t%.1f%%\t%s\t%s\t%.1f%%\t%s: %s\n", g.Job.Layout, g.TokensPerDevice, 100*g.MFU,
+			memplan.Human(int64(g.MemoryBytes)), seconds(g.Step.Step), 100*g.BubbleFraction, rank, r.Given.Why)
 	}
 	tw.Flush()
 }

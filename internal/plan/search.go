@@ -32,6 +32,12 @@ type SearchResult struct {
 	Tried, Fit int
 	// GlobalBatch is the sequences per step every layout keeps.
 	GlobalBatch int
+	// Given is the searched job's own layout with why it loses to the
+	// best (Why empty when it is the best), and GivenRank its place
+	// among the layouts that fit (0 when it does not fit or was not
+	// predicted).
+	Given     Candidate
+	GivenRank int
 }
 
 // SearchOptions bound a search.
@@ -108,6 +114,20 @@ func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (Sear
 		return res, fmt.Errorf("plan: no layout of %s on %d ranks of %s fits in %s per device (tried %d)", base.Flavor, world, c.Name, memplan.Human(int64(c.Device.MemoryBytes)), res.Tried)
 	}
 	sort.SliceStable(fits, func(i, j int) bool { return fits[i].TokensPerDevice > fits[j].TokensPerDevice })
+	if g, err := Predict(base, c, cal); err == nil {
+		res.Given = Candidate{Prediction: g}
+		if g.TokensPerDevice < fits[0].TokensPerDevice {
+			res.Given.Why = WhySlower(g, fits[0])
+		}
+		if g.Fits() {
+			res.GivenRank = 1
+			for _, p := range fits {
+				if p.TokensPerDevice > g.TokensPerDevice {
+					res.GivenRank++
+				}
+			}
+		}
+	}
 	for i, p := range fits {
 		if i == top {
 			break
