@@ -119,12 +119,14 @@ type Plan struct {
 	Reshard string
 	// Checkpoint is the activation checkpointing policy.
 	Checkpoint Checkpoint
-	// Pipeline, when set (and Degrees.PP > 1), is the resolved pipeline
-	// layout: every rank's stages are counted with the activation sets
-	// its schedule keeps at its peak (pipeline.Schedule.ActivationSets,
-	// what the executor allocates). Without it the stages are taken as
-	// even and the schedule as 1F1B.
-	Pipeline *parallel.PipelinePlan
+	// Pipeline, when set (and Degrees.PP > 1), are the recipe's pipeline
+	// settings (parallelism.pipeline_parallel_*; the degree is Degrees.PP
+	// and the batch Batch, so a changed plan re-resolves): every rank's
+	// stages are then counted with the activation sets its schedule keeps
+	// at its peak (pipeline.Schedule.ActivationSets, what the executor
+	// allocates). Without it the stages are taken as even and the
+	// schedule as 1F1B.
+	Pipeline *parallel.PipelineSettings
 	// Precision is the element size of each kind of buffer (zero:
 	// float32 throughout).
 	Precision Precision
@@ -157,15 +159,11 @@ func FromJob(job *config.Job, world int) (Plan, error) {
 		Checkpoint: Checkpoint{Mode: job.ActivationCheckpoint.Mode, Option: job.ActivationCheckpoint.SelectiveACOption},
 	}
 	if d.PP > 1 {
-		pp, err := parallel.PlanPipeline(cfg.NLayers, job.Training.LocalBatchSize, parallel.PipelineSettings{
-			Degree: p.PipelineParallelDegree, Schedule: p.PipelineParallelSchedule, LayersPerStage: p.PipelineParallelLayersPerStage,
+		plan.Pipeline = &parallel.PipelineSettings{
+			Schedule: p.PipelineParallelSchedule, LayersPerStage: p.PipelineParallelLayersPerStage,
 			FirstLessLayers: p.PipelineParallelFirstStageLessLayers, LastLessLayers: p.PipelineParallelLastStageLessLayers,
 			MicrobatchSize: p.PipelineParallelMicrobatchSize,
-		})
-		if err != nil {
-			return Plan{}, fmt.Errorf("memplan: %w", err)
 		}
-		plan.Pipeline = &pp
 	}
 	return plan, plan.normalize()
 }
@@ -378,11 +376,11 @@ func stateReport(plan Plan, units []int64) Report {
 // report of the pipeline rank with the largest total, each rank holding
 // its schedule's stages with the activation sets the schedule keeps.
 func estimatePipeline(plan Plan) (Report, error) {
-	pp := plan.Pipeline
-	sched := pp.Schedule
-	if sched.PP != plan.Degrees.PP || len(pp.Stages) != sched.NumStages() {
-		return Report{}, fmt.Errorf("memplan: a pipeline plan of %d stages on %d ranks for pipeline_parallel_degree %d", len(pp.Stages), sched.PP, plan.Degrees.PP)
+	pp, err := plan.ResolvePipeline()
+	if err != nil {
+		return Report{}, fmt.Errorf("memplan: %w", err)
 	}
+	sched := pp.Schedule
 	embed, layer, head := unitSizes(plan)
 	var best Report
 	for rank := range sched.PP {
@@ -417,6 +415,51 @@ func estimatePipeline(plan Plan) (Report, error) {
 		}
 	}
 	return best, nil
+}
+
+// pipelineKey identifies a resolved pipeline.
+type pipelineKey struct {
+	layers, batch int
+	s             parallel.PipelineSettings
+	lps           int // *s.LayersPerStage, -1 when unset
+}
+
+type pipelineVal struct {
+	p   parallel.PipelinePlan
+	err error
+}
+
+// pipelines memoizes ResolvePipeline: a search resolves the same few
+// pipelines for many layouts, and the zero-bubble schedules take a while
+// to build.
+var pipelines sync.Map
+
+// ResolvePipeline returns the plan's pipeline as the trainer lays it out
+// (parallel.PlanPipeline with the plan's settings, degree and batch): one
+// stage of the whole model without Pipeline or pipeline parallelism.
+func (p Plan) ResolvePipeline() (parallel.PipelinePlan, error) {
+	k := pipelineKey{layers: p.Model.NLayers, batch: p.Batch, lps: -1}
+	if p.Pipeline != nil && p.Degrees.PP > 1 {
+		k.s = *p.Pipeline
+		if k.s.LayersPerStage != nil {
+			k.lps = *k.s.LayersPerStage
+		}
+		k.s.LayersPerStage = nil
+		k.s.Degree = p.Degrees.PP
+	}
+	if v, ok := pipelines.Load(k); ok {
+		v := v.(pipelineVal)
+		return v.p, v.err
+	}
+	s := k.s
+	if k.lps >= 0 {
+		lps := k.lps
+		s.LayersPerStage = &lps
+	}
+	var v pipelineVal
+	v.p, v.err = parallel.PlanPipeline(k.layers, k.batch, s)
+	pipelines.Store(k, v)
+	return v.p, v.err
 }
 
 // llamaPlan is the model plan of one rank of plan computing stage (nil:

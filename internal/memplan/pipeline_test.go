@@ -23,7 +23,8 @@ func TestPipelineScheduleActivations(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		plan := Plan{Model: cfg, Batch: 8, SeqLen: 256, MicrobatchRows: 1, Degrees: Degrees{PP: 2}, Pipeline: &pp}
+		plan := Plan{Model: cfg, Batch: 8, SeqLen: 256, MicrobatchRows: 1, Degrees: Degrees{PP: 2},
+			Pipeline: &parallel.PipelineSettings{Schedule: sched, MicrobatchSize: 1}}
 		r, err := Estimate(plan)
 		if err != nil {
 			t.Fatal(err)
@@ -90,7 +91,13 @@ func TestFromJobResolvesPipeline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Pipeline == nil || p.Pipeline.Schedule.Name != "GPipe" || p.Pipeline.Schedule.Microbatches != 8 {
-		t.Fatalf("pipeline %+v, want GPipe over 8 microbatches", p.Pipeline)
+	pp, err := p.ResolvePipeline()
+	if err != nil || pp.Schedule.Name != "GPipe" || pp.Schedule.Microbatches != 8 {
+		t.Fatalf("pipeline %+v (%v), want GPipe over 8 microbatches", pp, err)
+	}
+	// A suggestion of another pipeline degree or batch re-resolves.
+	p.Degrees.PP, p.Batch = 3, 6
+	if pp, err := p.ResolvePipeline(); err != nil || pp.Schedule.PP != 3 || pp.Schedule.Microbatches != 6 {
+		t.Fatalf("re-resolved pipeline %+v (%v), want 3 ranks over 6 microbatches", pp, err)
 	}
 }

@@ -15,7 +15,6 @@ package plan
 import (
 	"fmt"
 	"strings"
-	"sync"
 
 	"github.com/titan-go/titan/internal/config"
 	"github.com/titan-go/titan/internal/memplan"
@@ -112,40 +111,14 @@ func FromRecipe(job *config.Job, world int) (Job, error) {
 	return Job{Flavor: job.Model.Flavor, Model: mp.Model, Layout: l}, nil
 }
 
-// pipelineKey identifies a resolved pipeline.
-type pipelineKey struct {
-	layers, batch int
-	s             parallel.PipelineSettings
-}
-
-type pipelineVal struct {
-	p   parallel.PipelinePlan
-	err error
-}
-
-// pipelines memoizes Job.pipeline: a search resolves the same few
-// pipelines for many layouts, and the zero-bubble schedules take a
-// while to build.
-var resolved sync.Map
-
-// pipeline resolves the layout's pipeline with titan's own planner.
+// pipeline resolves the layout's pipeline with titan's own planner (as
+// memplan does for the estimate).
 func (j Job) pipeline() (parallel.PipelinePlan, error) {
-	l := j.Layout
-	k := pipelineKey{layers: j.Model.NLayers, batch: l.LocalBatch, s: parallel.PipelineSettings{
-		Degree: l.Degrees.PP, Schedule: l.Schedule, MicrobatchSize: max(l.MicrobatchRows, 1),
-		FirstLessLayers: l.FirstLessLayers, LastLessLayers: l.LastLessLayers,
-	}}
-	if l.Degrees.PP <= 1 {
-		k.s.Schedule, k.s.MicrobatchSize, k.s.FirstLessLayers, k.s.LastLessLayers = "", 1, 0, 0
+	mp, err := j.MemPlan(Runtime{})
+	if err != nil {
+		return parallel.PipelinePlan{}, err
 	}
-	if v, ok := resolved.Load(k); ok {
-		v := v.(pipelineVal)
-		return v.p, v.err
-	}
-	var v pipelineVal
-	v.p, v.err = parallel.PlanPipeline(k.layers, k.batch, k.s)
-	resolved.Store(k, v)
-	return v.p, v.err
+	return mp.ResolvePipeline()
 }
 
 // MemPlan is the memplan plan of the job's busiest rank on a device of
@@ -161,11 +134,8 @@ func (j Job) MemPlan(rt Runtime) (memplan.Plan, error) {
 		p.LogitChunk = j.Model.VocabSize / max(l.Degrees.TP, 1)
 	}
 	if l.Degrees.PP > 1 {
-		pp, err := j.pipeline()
-		if err != nil {
-			return memplan.Plan{}, err
-		}
-		p.Pipeline = &pp
+		p.Pipeline = &parallel.PipelineSettings{Schedule: l.Schedule, MicrobatchSize: max(l.MicrobatchRows, 1),
+			FirstLessLayers: l.FirstLessLayers, LastLessLayers: l.LastLessLayers}
 	}
 	return p, nil
 }

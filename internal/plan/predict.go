@@ -229,7 +229,7 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 	}
 	rows := l.LocalBatch
 	if d.PP > 1 {
-		rows = mp.Pipeline.MicrobatchRows
+		rows = max(l.MicrobatchRows, 1)
 	}
 	N := float64(rows) * T / cp // tokens of a microbatch on this cp rank
 	L := float64(share.layers)
@@ -440,15 +440,14 @@ func busiest(job Job, mp memplan.Plan) (pipeline.Schedule, rankShare, error) {
 	embed := (V*D + tp - 1) / tp
 	layer := 2*D + (Q*D+2*KV*D+D*Q+3*F*D+tp-1)/tp
 	head := D + embed
-	if mp.Pipeline == nil {
-		pp, err := job.pipeline()
-		if err != nil {
-			return pipeline.Schedule{}, rankShare{}, err
-		}
+	pp, err := mp.ResolvePipeline()
+	if err != nil {
+		return pipeline.Schedule{}, rankShare{}, err
+	}
+	if job.Layout.Degrees.PP <= 1 {
 		return pp.Schedule, rankShare{layers: cfg.NLayers, embed: true, head: true, stages: 1,
 			params: float64(embed + int64(cfg.NLayers)*layer + head), firstUnit: float64(embed)}, nil
 	}
-	pp := mp.Pipeline
 	var best rankShare
 	bestWork := -1.0
 	for rank := range pp.Schedule.PP {
