@@ -19,14 +19,36 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/titan-go/titan/internal/config"
+	"github.com/titan-go/titan/internal/model"
 	"github.com/titan-go/titan/internal/model/llama"
+	"github.com/titan-go/titan/internal/parallel"
 )
 
 // bytesPerFloat is the size of one stored element: titan keeps
 // parameters, gradients, moments and activations in float32.
 const bytesPerFloat = 4
+
+// Precision is the size in bytes of the stored elements. The zero value
+// is titan's CPU backend: float32 everywhere. A mixed-precision device
+// keeps the master state in float32 (State 4) and computes in bfloat16
+// (Compute 2): gathered FSDP units, activations and communication
+// buffers at Compute bytes per element.
+type Precision struct {
+	State, Compute int
+}
+
+func (p Precision) state() int64   { return int64(cmp0(p.State, bytesPerFloat)) }
+func (p Precision) compute() int64 { return int64(cmp0(p.Compute, bytesPerFloat)) }
+
+func cmp0(v, def int) int {
+	if v <= 0 {
+		return def
+	}
+	return v
+}
 
 // Degrees are the sizes of the parallel dimensions of a job's mesh.
 type Degrees struct {
@@ -35,6 +57,24 @@ type Degrees struct {
 
 // World is the number of ranks the degrees lay out.
 func (d Degrees) World() int { return d.PP * d.DPReplicate * d.DPShard * d.CP * d.TP }
+
+// ShardGroup is the size of the group parameters are sharded over:
+// dp_shard × cp when dp_shard > 1 (torchtitan shards over both), else 1.
+func (d Degrees) ShardGroup() int {
+	if d.DPShard > 1 {
+		return d.DPShard * max(d.CP, 1)
+	}
+	return 1
+}
+
+// ReplicateGroup is the size of the group gradients are all-reduced
+// over: dp_replicate, times cp when dp_shard is 1.
+func (d Degrees) ReplicateGroup() int {
+	if d.DPShard > 1 {
+		return max(d.DPReplicate, 1)
+	}
+	return max(d.DPReplicate, 1) * max(d.CP, 1)
+}
 
 // String writes the degrees as the recipe's keys.
 func (d Degrees) String() string {
@@ -79,6 +119,20 @@ type Plan struct {
 	Reshard string
 	// Checkpoint is the activation checkpointing policy.
 	Checkpoint Checkpoint
+	// Pipeline, when set (and Degrees.PP > 1), are the recipe's pipeline
+	// settings (parallelism.pipeline_parallel_*; the degree is Degrees.PP
+	// and the batch Batch, so a changed plan re-resolves): every rank's
+	// stages are then counted with the activation sets its schedule keeps
+	// at its peak (pipeline.Schedule.ActivationSets, what the executor
+	// allocates). Without it the stages are taken as even and the
+	// schedule as 1F1B.
+	Pipeline *parallel.PipelineSettings
+	// Precision is the element size of each kind of buffer (zero:
+	// float32 throughout).
+	Precision Precision
+	// LogitChunk is the model's logits chunk in vocabulary columns (0:
+	// the model's default; the vocabulary shard: whole logits).
+	LogitChunk int
 }
 
 // FromJob returns the plan of one rank of job on world ranks; a
@@ -103,6 +157,13 @@ func FromJob(job *config.Job, world int) (Plan, error) {
 		MicrobatchRows: p.PipelineParallelMicrobatchSize,
 		Degrees:        d, Reshard: p.FSDPReshardAfterForward,
 		Checkpoint: Checkpoint{Mode: job.ActivationCheckpoint.Mode, Option: job.ActivationCheckpoint.SelectiveACOption},
+	}
+	if d.PP > 1 {
+		plan.Pipeline = &parallel.PipelineSettings{
+			Schedule: p.PipelineParallelSchedule, LayersPerStage: p.PipelineParallelLayersPerStage,
+			FirstLessLayers: p.PipelineParallelFirstStageLessLayers, LastLessLayers: p.PipelineParallelLastStageLessLayers,
+			MicrobatchSize: p.PipelineParallelMicrobatchSize,
+		}
 	}
 	return plan, plan.normalize()
 }
@@ -231,23 +292,16 @@ func Estimate(plan Plan) (Report, error) {
 	if err := plan.normalize(); err != nil {
 		return Report{}, err
 	}
+	if plan.Pipeline != nil && plan.Degrees.PP > 1 {
+		return estimatePipeline(plan)
+	}
 	c := plan.Model
 	d := plan.Degrees
-	D, F, V := int64(c.Dim), int64(c.FFNHidden()), int64(c.VocabSize)
-	Q, KV := int64(c.NHeads*c.HeadDim()), int64(c.KVHeads()*c.HeadDim())
-	tp, shard := int64(d.TP), int64(d.DPShard)
-
 	// The layers of the busiest pipeline stage: stages split the layers
 	// evenly (the first holds the embedding, the last the head; both are
 	// counted, which is the single stage when pp is 1).
 	layers := ceilDiv(int64(c.NLayers), int64(d.PP))
-	// One rank's units (FSDP gathers and reduces unit by unit): the
-	// embedding, each layer, and the final norm with the output projection.
-	// Tensor parallel splits the matrices (and the vocabulary); the norms
-	// are replicated.
-	embed := ceilDiv(V*D, tp)
-	layer := 2*D + ceilDiv(Q*D+2*KV*D+D*Q+3*F*D, tp)
-	head := D + ceilDiv(V*D, tp)
+	embed, layer, head := unitSizes(plan)
 	var units []int64
 	if d.PP == 1 {
 		units = append(units, embed)
@@ -262,16 +316,48 @@ func Estimate(plan Plan) (Report, error) {
 		// vocabulary units.
 		units = append(units, max(embed, head))
 	}
+	r := stateReport(plan, units)
+	act, comm, err := activations(plan, layers)
+	if err != nil {
+		return Report{}, err
+	}
+	r.Activations, r.Comm = act, comm
+	return r, nil
+}
+
+// unitSizes returns the elements of one rank's units (FSDP gathers and
+// reduces unit by unit): the embedding, one layer, and the final norm
+// with the output projection. Tensor parallel splits the matrices (and
+// the vocabulary); the norms are replicated.
+func unitSizes(plan Plan) (embed, layer, head int64) {
+	c := plan.Model
+	D, F, V := int64(c.Dim), int64(c.FFNHidden()), int64(c.VocabSize)
+	Q, KV := int64(c.NHeads*c.HeadDim()), int64(c.KVHeads()*c.HeadDim())
+	tp := int64(plan.Degrees.TP)
+	embed = ceilDiv(V*D, tp)
+	layer = 2*D + ceilDiv(Q*D+2*KV*D+D*Q+3*F*D, tp)
+	head = D + ceilDiv(V*D, tp)
+	return embed, layer, head
+}
+
+// stateReport returns the parameters, gradients, optimizer state and
+// FSDP buffers of a rank holding units (elements each).
+func stateReport(plan Plan, units []int64) Report {
+	d := plan.Degrees
+	// FSDP shards over dp_shard × cp (torchtitan's dp_shard_cp mesh, as
+	// parallel.NewGroups builds it); without dp_shard, cp replicates.
+	shard := int64(d.ShardGroup())
 	var state, largest, gathered int64
 	for _, u := range units {
 		state += ceilDiv(u, shard)
 		largest = max(largest, u)
 		gathered += u
 	}
+	sb, cb := plan.Precision.state(), plan.Precision.compute()
 	r := Report{Plan: plan}
-	r.Params = state * bytesPerFloat
-	r.Grads = state * bytesPerFloat
-	r.Optimizer = 2 * state * bytesPerFloat
+	r.Params = state * sb
+	r.Grads = state * sb
+	r.Optimizer = 2 * state * sb
 	if shard > 1 {
 		// Two gathered units (the one computing and the prefetched one)
 		// and two unit gradient buffers awaiting their reduce-scatter;
@@ -281,14 +367,123 @@ func Estimate(plan Plan) (Report, error) {
 		if plan.Reshard == "never" || plan.Reshard != "always" && d.PP > 1 {
 			params = gathered
 		}
-		r.FSDPBuffers = (params + 2*largest) * bytesPerFloat
+		r.FSDPBuffers = (params + 2*largest) * cb
 	}
-	act, comm, err := activations(plan, layers)
+	return r
+}
+
+// estimatePipeline is Estimate with the resolved pipeline layout: the
+// report of the pipeline rank with the largest total, each rank holding
+// its schedule's stages with the activation sets the schedule keeps.
+func estimatePipeline(plan Plan) (Report, error) {
+	pp, err := plan.ResolvePipeline()
 	if err != nil {
-		return Report{}, err
+		return Report{}, fmt.Errorf("memplan: %w", err)
 	}
-	r.Activations, r.Comm = act, comm
-	return r, nil
+	sched := pp.Schedule
+	embed, layer, head := unitSizes(plan)
+	var best Report
+	for rank := range sched.PP {
+		var units []int64
+		peak, split := sched.ActivationSets(rank)
+		var act int64
+		for _, s := range sched.Stages(rank) {
+			spec := pp.Stages[s]
+			if spec.Embedding {
+				units = append(units, embed)
+			}
+			for range spec.NumLayers {
+				units = append(units, layer)
+			}
+			if spec.Head {
+				units = append(units, head)
+			}
+			a, sp, err := stageActivations(plan, pp.MicrobatchRows, spec)
+			if err != nil {
+				return Report{}, err
+			}
+			if split {
+				a += sp
+			}
+			act += int64(peak[s]) * a
+		}
+		r := stateReport(plan, units)
+		r.Activations = act
+		r.Comm = commBytes(plan, pp.MicrobatchRows, int64(len(sched.Stages(rank))))
+		if rank == 0 || r.Total() > best.Total() {
+			best = r
+		}
+	}
+	return best, nil
+}
+
+// pipelineKey identifies a resolved pipeline.
+type pipelineKey struct {
+	layers, batch int
+	s             parallel.PipelineSettings
+	lps           int // *s.LayersPerStage, -1 when unset
+}
+
+type pipelineVal struct {
+	p   parallel.PipelinePlan
+	err error
+}
+
+// pipelines memoizes ResolvePipeline: a search resolves the same few
+// pipelines for many layouts, and the zero-bubble schedules take a while
+// to build.
+var pipelines sync.Map
+
+// ResolvePipeline returns the plan's pipeline as the trainer lays it out
+// (parallel.PlanPipeline with the plan's settings, degree and batch): one
+// stage of the whole model without Pipeline or pipeline parallelism.
+func (p Plan) ResolvePipeline() (parallel.PipelinePlan, error) {
+	k := pipelineKey{layers: p.Model.NLayers, batch: p.Batch, lps: -1}
+	if p.Pipeline != nil && p.Degrees.PP > 1 {
+		k.s = *p.Pipeline
+		if k.s.LayersPerStage != nil {
+			k.lps = *k.s.LayersPerStage
+		}
+		k.s.LayersPerStage = nil
+		k.s.Degree = p.Degrees.PP
+	}
+	if v, ok := pipelines.Load(k); ok {
+		v := v.(pipelineVal)
+		return v.p, v.err
+	}
+	s := k.s
+	if k.lps >= 0 {
+		lps := k.lps
+		s.LayersPerStage = &lps
+	}
+	var v pipelineVal
+	v.p, v.err = parallel.PlanPipeline(k.layers, k.batch, s)
+	pipelines.Store(k, v)
+	return v.p, v.err
+}
+
+// llamaPlan is the model plan of one rank of plan computing stage (nil:
+// the whole model).
+func llamaPlan(plan Plan, stage *llama.StageSpec) llama.Plan {
+	d := plan.Degrees
+	lp := llama.Plan{TP: d.TP, CP: d.CP, Stage: stage, LogitChunk: plan.LogitChunk,
+		Checkpoint: llama.ActivationCheckpoint{Mode: plan.Checkpoint.Mode, SelectiveOption: plan.Checkpoint.Option}}
+	if d.TP*d.CP > 1 {
+		lp.Comm = planOnly{}
+	}
+	return lp
+}
+
+// stageActivations returns the activation bytes of one activation set of
+// stage for microbatches of rows, and what a split backward adds to it,
+// at the plan's compute precision.
+func stageActivations(plan Plan, rows int, stage model.StageSpec) (act, split int64, err error) {
+	ls := llama.StageSpec(stage)
+	if act, split, err = planned(plan.Model, rows, plan.SeqLen, llamaPlan(plan, &ls)); err != nil {
+		return 0, 0, fmt.Errorf("memplan: %w", err)
+	}
+	cb := plan.Precision.compute()
+	return act / bytesPerFloat * cb, split / bytesPerFloat * cb, nil
 }
 
 // activations returns the activation and communication bytes of one rank
@@ -312,17 +507,12 @@ func activations(plan Plan, layers int64) (act, comm int64, err error) {
 		// before its first backward.
 		inFlight = min(int64(d.PP), ceilDiv(int64(plan.Batch), int64(rows)))
 	}
-	lp := llama.Plan{TP: d.TP, CP: d.CP, Checkpoint: llama.ActivationCheckpoint{Mode: plan.Checkpoint.Mode, SelectiveOption: plan.Checkpoint.Option}}
-	if d.TP*d.CP > 1 {
-		lp.Comm = planOnly{}
-	}
 	model := func(stage *llama.StageSpec) (int64, error) {
-		lp.Stage = stage
-		n, err := llama.ActivationBytesFor(c, rows, plan.SeqLen, lp)
+		n, _, err := planned(c, rows, plan.SeqLen, llamaPlan(plan, stage))
 		if err != nil {
 			return 0, fmt.Errorf("memplan: %w", err)
 		}
-		return n, nil
+		return n / bytesPerFloat * plan.Precision.compute(), nil
 	}
 	if d.PP == 1 {
 		if act, err = model(nil); err != nil {
@@ -340,6 +530,14 @@ func activations(plan Plan, layers int64) (act, comm int64, err error) {
 		}
 		act = max(inFlight*first, last)
 	}
+	return act, commBytes(plan, rows, inFlight), nil
+}
+
+// commBytes returns the communication buffers of a rank of plan with
+// microbatches of rows and inFlight activation sets.
+func commBytes(plan Plan, rows int, inFlight int64) (comm int64) {
+	c := plan.Model
+	d := plan.Degrees
 	// Communication, in host memory beside the model's buffers: sequence
 	// parallel stages a layer input of the whole (cp-local) sequence and
 	// this rank's rows for its all-gather and reduce-scatter (per model);
@@ -351,16 +549,55 @@ func activations(plan Plan, layers int64) (act, comm int64, err error) {
 	tp, cp := int64(d.TP), int64(d.CP)
 	N := int64(rows) * int64(plan.SeqLen) / cp
 	nkvd, nq, nh := int64(c.KVHeads()*c.HeadDim())/tp, int64(c.NHeads*c.HeadDim())/tp, int64(c.NHeads)/tp
+	cb := plan.Precision.compute()
 	if tp > 1 {
-		comm += inFlight * (N*D + N/tp*D) * bytesPerFloat
+		comm += inFlight * (N*D + N/tp*D) * cb
 	}
 	if cp > 1 {
-		comm += max(8*N*nkvd, 4*N*nkvd+N*nq+N*nh) * bytesPerFloat
+		comm += max(8*N*nkvd, 4*N*nkvd+N*nq+N*nh) * cb
 	}
 	if d.PP > 1 {
-		comm += 2 * N / tp * D * bytesPerFloat
+		comm += 2 * N / tp * D * cb
 	}
-	return act, comm, nil
+	return comm
+}
+
+// plannedKey identifies one activation plan.
+type plannedKey struct {
+	cfg           llama.Config
+	rows, T       int
+	tp, cp, chunk int
+	mode, option  string
+	stage         llama.StageSpec
+	staged        bool
+}
+
+type plannedVal struct {
+	act, split int64
+	err        error
+}
+
+// plans memoizes planned: searches (titan plan --search) estimate
+// thousands of layouts of the same few stage shapes.
+var plans sync.Map
+
+// planned returns llama's activation bytes and split-backward bytes of
+// one part (llama.ActivationBytesFor, llama.SplitBytesFor), memoized.
+func planned(c llama.Config, rows, T int, lp llama.Plan) (act, split int64, err error) {
+	k := plannedKey{cfg: c, rows: rows, T: T, tp: lp.TP, cp: lp.CP, chunk: lp.LogitChunk, mode: lp.Checkpoint.Mode, option: lp.Checkpoint.SelectiveOption}
+	if lp.Stage != nil {
+		k.stage, k.staged = *lp.Stage, true
+	}
+	if v, ok := plans.Load(k); ok {
+		v := v.(plannedVal)
+		return v.act, v.split, v.err
+	}
+	var v plannedVal
+	if v.act, v.err = llama.ActivationBytesFor(c, rows, T, lp); v.err == nil {
+		v.split, v.err = llama.SplitBytesFor(c, rows, T, lp)
+	}
+	plans.Store(k, v)
+	return v.act, v.split, v.err
 }
 
 // planOnly stands in for the peers of a tensor- or context-parallel

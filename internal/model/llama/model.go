@@ -142,6 +142,22 @@ func ActivationBytesFor(cfg Config, B, T int, plan Plan) (int64, error) {
 	return m.ActivationBytes(), nil
 }
 
+// SplitBytesFor is the memory (bytes) that ReserveSplit adds to a part
+// planned for plan with batches of B×T tokens: the output gradients a
+// split backward keeps (0 when the part cannot split).
+func SplitBytesFor(cfg Config, B, T int, plan Plan) (int64, error) {
+	m, err := planModel(cfg, B, T, plan)
+	if err != nil {
+		return 0, err
+	}
+	if !m.CanSplit() {
+		return 0, nil
+	}
+	N, D := int64(m.N), int64(cfg.Dim)
+	perLayer := N*D + 2*N*int64(m.f) + N*D + N*int64(m.nq) + 2*N*int64(m.nkvd)
+	return int64(m.nLayers) * perLayer * 4, nil
+}
+
 // planModel checks the shapes and returns a model without buffers whose
 // dimensions, checkpointing policy and activation size are set.
 func planModel(cfg Config, B, T int, plan Plan) (*Model, error) {

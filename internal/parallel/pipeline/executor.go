@@ -83,15 +83,15 @@ type Executor struct {
 // group's options.
 var ctx = context.Background()
 
-// NewExecutor builds the executor of pipeline rank rank (its place in
-// group, nil for a pipeline of one rank), creating with newSet the
-// activation sets of each of its stages that the schedule needs at its
-// peak (and reserving the split backward's memory when the schedule
-// splits backwards).
-func NewExecutor(be backend.Backend, s Schedule, group comm.Group, rank int, newSet func(stage int) (Stage, error)) (*Executor, error) {
-	x := &Executor{Sched: s, Rank: rank, group: group, be: be,
-		sets: map[int][]Stage{}, free: map[int][]Stage{}, live: map[[2]int]Stage{}, mail: map[msgKey][]float32{}}
-	live, peak, split := map[int]int{}, map[int]int{}, false
+// ActivationSets returns, for each stage rank holds, the number of
+// activation sets its list needs at its peak (microbatches whose forward
+// ran and whose backward has not finished; at least 1), and whether the
+// list splits backwards (BackwardInput, which keeps output gradients
+// until BackwardWeight). NewExecutor allocates exactly these; memory
+// planning counts them.
+func (s Schedule) ActivationSets(rank int) (peak map[int]int, split bool) {
+	live := map[int]int{}
+	peak = map[int]int{}
 	for _, st := range s.Stages(rank) {
 		peak[st] = 1
 	}
@@ -106,6 +106,18 @@ func NewExecutor(be backend.Backend, s Schedule, group comm.Group, rank int, new
 			live[a.Stage]--
 		}
 	}
+	return peak, split
+}
+
+// NewExecutor builds the executor of pipeline rank rank (its place in
+// group, nil for a pipeline of one rank), creating with newSet the
+// activation sets of each of its stages that the schedule needs at its
+// peak (and reserving the split backward's memory when the schedule
+// splits backwards).
+func NewExecutor(be backend.Backend, s Schedule, group comm.Group, rank int, newSet func(stage int) (Stage, error)) (*Executor, error) {
+	x := &Executor{Sched: s, Rank: rank, group: group, be: be,
+		sets: map[int][]Stage{}, free: map[int][]Stage{}, live: map[[2]int]Stage{}, mail: map[msgKey][]float32{}}
+	peak, split := s.ActivationSets(rank)
 	for _, st := range s.Stages(rank) {
 		for i := 0; i < peak[st]; i++ {
 			set, err := newSet(st)

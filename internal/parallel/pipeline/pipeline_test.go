@@ -447,3 +447,36 @@ func BenchmarkBuildSimulate(b *testing.B) {
 		})
 	}
 }
+
+// TestActivationSets checks the activation sets a rank's list needs
+// against the schedules' known in-flight counts: GPipe keeps every
+// microbatch, 1F1B pp-r on rank r, and the split of zero-bubble lists.
+func TestActivationSets(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		pp, m     int
+		rank, max int
+		split     bool
+	}{
+		{"GPipe", 4, 8, 0, 8, false},
+		{"1F1B", 4, 8, 0, 4, false},
+		{"1F1B", 4, 8, 3, 1, false},
+		{"1F1B", 2, 2, 0, 2, false},
+	} {
+		s, err := Build(c.name, c.pp, 1, c.m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		peak, split := s.ActivationSets(c.rank)
+		if got := peak[s.Stages(c.rank)[0]]; got != c.max || split != c.split {
+			t.Errorf("%s pp %d m %d rank %d: %d sets (split %v), want %d (%v)", c.name, c.pp, c.m, c.rank, got, split, c.max, c.split)
+		}
+	}
+	zb, err := Build("ZBVZeroBubble", 2, 2, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, split := zb.ActivationSets(0); !split {
+		t.Error("ZBVZeroBubble does not split its backwards")
+	}
+}

@@ -1,0 +1,211 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/titan-go/titan/internal/cluster"
+	"github.com/titan-go/titan/internal/plan"
+)
+
+// thisMachine is the --cluster name of the host titan runs on: the CPU
+// description its calibration was made with.
+const thisMachine = "this"
+
+func newPlanCmd() *cobra.Command {
+	var rf recipeFlags
+	var clusterRef, calPath string
+	var world, top, maxCP, maxTP int
+	var calNProcs []int
+	var asJSON, search, calibrate, reference, compile, float8, asyncTP bool
+	cmd := &cobra.Command{
+		Use:   "plan",
+		Short: "Predict a recipe's memory and speed on a cluster, or search the fastest layout",
+		Long: `Predict, per rank, the memory (memplan's estimate, the one titan train refuses
+jobs with) and the step time of a recipe on a cluster, with their breakdowns,
+tokens/s per device and MFU. Compute is timed per kind of operation at a
+calibrated efficiency, each parallelism's communication with the overlap it
+gets, and the pipeline bubble by simulating the schedule.
+
+Clusters are configs/clusters/*.toml (` + "`titan plan --cluster x`" + ` lists them) or a
+path to such a file; "this" is this machine, calibrated by --calibrate
+(titan's own kernels and collectives; the file goes under the user's cache
+folder, or --calibration / $TITAN_PLAN_CALIBRATION). GPU clusters are
+calibrated from one published configuration only (torchtitan's Llama 3.1 8B
+on 8 H100 with FSDP); --reference predicts every other published row.
+
+--search enumerates dp_replicate, dp_shard, tp, pp with each schedule and
+microbatch size, cp and activation checkpointing, keeping the recipe's global
+batch, and ranks the layouts that fit by predicted tokens/s.`,
+		Example: `  titan plan --calibrate
+  titan plan --recipe recipes/llama3_debug.toml --cluster this --world 2 --set parallelism.tensor_parallel_degree=2
+  titan plan --recipe recipes/llama3_8b.toml --cluster h100-sxm --world 8
+  titan plan --recipe recipes/llama3_70b.toml --cluster h100-grandteton --world 256 --compile --float8 --search
+  titan plan --reference`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			out := cmd.OutOrStdout()
+			if calibrate {
+				return runCalibrate(cmd, clusterRef, calPath, calNProcs)
+			}
+			if reference {
+				rs, cal, err := plan.CompareReference()
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return plan.WriteJSON(out, rs)
+				}
+				plan.WriteReference(out, rs, cal)
+				return nil
+			}
+			c, cal, err := planCluster(clusterRef, calPath)
+			if err != nil {
+				return err
+			}
+			job, err := rf.load()
+			if err != nil {
+				return err
+			}
+			if world == 0 {
+				world = recipeWorld(job.Parallelism.DataParallelShardDegree, c)
+			}
+			j, err := plan.FromRecipe(job, world)
+			if err != nil {
+				return err
+			}
+			j.Layout.Compile, j.Layout.Float8 = compile, float8
+			j.Layout.AsyncTP = j.Layout.AsyncTP || asyncTP
+			if search {
+				r, err := plan.Search(j, c, cal, plan.SearchOptions{World: world, Top: top, MaxTP: maxTP, MaxCP: maxCP})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					var rows []plan.JSONPrediction
+					for _, t := range r.Top {
+						p := t.Prediction.JSON()
+						p.Why = t.Why
+						rows = append(rows, p)
+					}
+					return plan.WriteJSON(out, map[string]any{"tried": r.Tried, "fit": r.Fit, "global_batch": r.GlobalBatch, "calibration": cal, "top": rows})
+				}
+				plan.WriteSearch(out, r, cal)
+				return nil
+			}
+			p, err := plan.Predict(j, c, cal)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return plan.WriteJSON(out, map[string]any{"prediction": p.JSON(), "calibration": cal})
+			}
+			plan.WriteTable(out, p, cal)
+			return nil
+		},
+	}
+	rf.register(cmd)
+	f := cmd.Flags()
+	f.StringVar(&clusterRef, "cluster", "", `cluster: a name from configs/clusters, a .toml path, or "this" (this machine, calibrated)`)
+	f.StringVar(&calPath, "calibration", "", "this machine's calibration file (default: $TITAN_PLAN_CALIBRATION or the user's cache folder)")
+	f.IntVar(&world, "world", 0, "ranks (default: the recipe's degrees, or the whole cluster when data_parallel_shard_degree is -1)")
+	f.BoolVar(&asJSON, "json", false, "write JSON")
+	f.BoolVar(&search, "search", false, "search the layouts that fit and rank them by predicted tokens/s")
+	f.IntVar(&top, "top", 8, "layouts --search shows")
+	f.IntVar(&maxTP, "max-tp", 0, "largest tensor parallel degree --search tries (0: a node's devices)")
+	f.IntVar(&maxCP, "max-cp", 0, "largest context parallel degree --search tries (0: 8)")
+	f.BoolVar(&calibrate, "calibrate", false, "benchmark this machine's kernels and collectives and write the calibration")
+	f.IntSliceVar(&calNProcs, "calibrate-nproc", []int{2, 4}, "process counts --calibrate measures the collectives of")
+	f.BoolVar(&reference, "reference", false, "predict torchtitan's published H100 rows from the calibration row and compare")
+	f.BoolVar(&compile, "compile", false, "GPU: fused element-wise kernels (torch.compile)")
+	f.BoolVar(&float8, "float8", false, "GPU: float8 linear layers")
+	f.BoolVar(&asyncTP, "async-tp", false, "GPU: async tensor parallelism (also parallelism.enable_async_tensor_parallel)")
+	return cmd
+}
+
+// recipeWorld is the ranks of a recipe whose degrees leave none open,
+// else the cluster's.
+func recipeWorld(shard int, c cluster.Cluster) int {
+	if shard == -1 {
+		return c.World()
+	}
+	return 0 // FromRecipe then takes the product of the degrees
+}
+
+// planCluster loads the cluster and its calibration: the calibration
+// file for this machine (or a CPU cluster), the published reference row
+// for GPUs.
+func planCluster(ref, calPath string) (cluster.Cluster, plan.Calibration, error) {
+	if ref == "" {
+		return cluster.Cluster{}, plan.Calibration{}, fmt.Errorf("--cluster: give one of %v, \"this\" or a .toml path", cluster.Names())
+	}
+	if ref == thisMachine || func() bool { c, err := cluster.Load(ref); return err == nil && c.CPU() }() {
+		path, err := calibrationPath(calPath)
+		if err != nil {
+			return cluster.Cluster{}, plan.Calibration{}, err
+		}
+		cal, err := plan.LoadCalibration(path)
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return cluster.Cluster{}, plan.Calibration{}, fmt.Errorf("%w: run `titan plan --calibrate` first", err)
+			}
+			return cluster.Cluster{}, plan.Calibration{}, err
+		}
+		if ref == thisMachine {
+			ref = cal.Cluster
+		}
+		c, err := cluster.Load(ref)
+		if err != nil {
+			return cluster.Cluster{}, plan.Calibration{}, err
+		}
+		if cal.Cluster != c.Name {
+			return cluster.Cluster{}, plan.Calibration{}, fmt.Errorf("plan: the calibration %s was made on cluster %q, not %q", path, cal.Cluster, c.Name)
+		}
+		return c, cal, nil
+	}
+	c, err := cluster.Load(ref)
+	if err != nil {
+		return cluster.Cluster{}, plan.Calibration{}, err
+	}
+	cal, err := plan.CalibrateGPU(c)
+	return c, cal, err
+}
+
+func calibrationPath(p string) (string, error) {
+	if p != "" {
+		return p, nil
+	}
+	return plan.DefaultCalibrationPath()
+}
+
+// runCalibrate measures this machine and writes its calibration.
+func runCalibrate(cmd *cobra.Command, ref, calPath string, nprocs []int) error {
+	if ref == "" || ref == thisMachine {
+		ref = "cpu-2core"
+	}
+	c, err := cluster.Load(ref)
+	if err != nil {
+		return err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cal, err := plan.CalibrateCPU(cmd.Context(), c, plan.CalibrateOptions{Exe: exe, NProcs: nprocs, Log: cmd.ErrOrStderr()})
+	if err != nil {
+		return err
+	}
+	path, err := calibrationPath(calPath)
+	if err != nil {
+		return err
+	}
+	if err := cal.Save(path); err != nil {
+		return err
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "calibration of %s written to %s\n", c.Name, path)
+	return nil
+}

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestPlanReferenceRecipe checks that the shipped 8B recipe on the
+// published benchmark machine predicts the published reference row it
+// is calibrated on, and that the comparison table runs.
+func TestPlanReferenceRecipe(t *testing.T) {
+	out, err := titan(t, "plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-grandteton", "--world", "8", "--json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var got struct {
+		Prediction struct {
+			TokensPerSec float64 `json:"tokens_per_sec_per_device"`
+			Memory       struct {
+				Predicted float64 `json:"predicted"`
+			} `json:"memory_bytes"`
+		} `json:"prediction"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if math.Abs(got.Prediction.TokensPerSec/5762-1) > 1e-6 || math.Abs(got.Prediction.Memory.Predicted/(82.4*(1<<30))-1) > 1e-6 {
+		t.Errorf("8B on 8 H100: %.1f tokens/s, %.2f GiB; the calibration row is 5762 and 82.4", got.Prediction.TokensPerSec, got.Prediction.Memory.Predicted/(1<<30))
+	}
+	out, err = titan(t, "plan", "--reference")
+	if err != nil || !strings.Contains(out, "8B FSDP8 (calibration)") || !strings.Contains(out, "405B PP8 FSDP8 TP8 Interleaved1F1B") {
+		t.Errorf("--reference: %v\n%s", err, out)
+	}
+}
+
+// TestPlanErrors checks the refusals name what is wrong.
+func TestPlanErrors(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.toml")
+	raw, err := os.ReadFile("../../configs/clusters/h100-sxm.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bad, append([]byte("gpu_count = 8\n"), raw...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", bad}, "unknown key(s) gpu_count"},
+		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-sxxm"}, "unknown cluster"},
+		{[]string{"plan", "--recipe", "../../recipes/llama3_debug.toml", "--cluster", "this", "--calibration", filepath.Join(t.TempDir(), "none.json")}, "titan plan --calibrate"},
+		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "a100-80gb", "--world", "8", "--float8"}, "float8"},
+	} {
+		out, err := titan(t, c.args...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: error %v, want %q\n%s", c.args, err, c.want, out)
+		}
+	}
+}
+
+// TestPlanCalibrateThisMachine runs the calibration (collectives on 2
+// processes only) and predicts the debug recipe with it.
+func TestPlanCalibrateThisMachine(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs benchmarks")
+	}
+	cal := filepath.Join(t.TempDir(), "cal.json")
+	if out, err := titan(t, "plan", "--calibrate", "--calibration", cal, "--calibrate-nproc", "2"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	out, err := titan(t, "plan", "--recipe", "../../recipes/llama3_debug.toml", "--cluster", "this", "--calibration", cal, "--world", "2",
+		"--set", "parallelism.tensor_parallel_degree=2", "--set", "parallelism.data_parallel_shard_degree=1")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, want := range []string{"tp comm (exposed)", "tokens/s per device", "memplan total"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in\n%s", want, out)
+		}
+	}
+	out, err = titan(t, "plan", "--recipe", "../../recipes/llama3_debug.toml", "--cluster", "this", "--calibration", cal, "--world", "4", "--search", "--top", "3")
+	if err != nil || !strings.Contains(out, "why slower than #1") {
+		t.Errorf("--search: %v\n%s", err, out)
+	}
+}

@@ -1,0 +1,200 @@
+package plan
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/titan-go/titan/internal/cluster"
+	"github.com/titan-go/titan/internal/memplan"
+)
+
+// Calibration is what a prediction's compute, communication and memory
+// figures are scaled by: efficiencies as fractions of the cluster's peak
+// figures, measured collectives on a CPU host, and how the device's
+// memory use relates to memplan's estimate.
+type Calibration struct {
+	// Source says where the figures come from.
+	Source string `json:"source"`
+	// Cluster is the cluster the calibration was made on or for.
+	Cluster string `json:"cluster"`
+	// Matmul is the fraction of the device's peak (bf16 on a GPU, fp32
+	// on a CPU) that matrix products reach; MatmulFP8 the fraction of
+	// the float8 peak that float8 products reach.
+	Matmul    float64 `json:"matmul_efficiency"`
+	MatmulFP8 float64 `json:"matmul_fp8_efficiency"`
+	// Attention is the fraction of the same peak that attention (its
+	// causal FLOPs, see attentionFLOPs) reaches.
+	Attention float64 `json:"attention_efficiency"`
+	// Elementwise is the fraction of the memory bandwidth element-wise
+	// passes reach.
+	Elementwise float64 `json:"elementwise_efficiency"`
+	// Comm is the fraction of a link's bandwidth a ring collective's
+	// transfers reach (GPU).
+	Comm float64 `json:"comm_efficiency"`
+	// Collectives are measured collective times on a CPU host (empty on
+	// GPUs, which use the ring model over the cluster's links).
+	Collectives []Collective `json:"collectives,omitempty"`
+	// MemoryFactor multiplies memplan's estimate and MemoryBase is added
+	// to it to give the device memory a rank uses (allocator slack; the
+	// process's runtime, data and binary on a CPU).
+	MemoryFactor float64 `json:"memory_factor"`
+	MemoryBase   float64 `json:"memory_base_bytes"`
+	// Created is when the calibration was made (RFC 3339).
+	Created string `json:"created,omitempty"`
+}
+
+// Collective is a fit of one measured collective, t = Latency + size /
+// Bandwidth, where size is the nccl-tests size of the operation (the
+// whole buffer of allreduce, the input of reduce_scatter, the output of
+// all_gather).
+type Collective struct {
+	Op        string  `json:"op"`
+	NProc     int     `json:"nproc"`
+	Transport string  `json:"transport"`
+	Latency   float64 `json:"latency_s"`
+	Bandwidth float64 `json:"bandwidth_bytes_per_s"`
+}
+
+// Validate checks that every figure is usable.
+func (c Calibration) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"matmul_efficiency", c.Matmul}, {"attention_efficiency", c.Attention}, {"elementwise_efficiency", c.Elementwise}, {"comm_efficiency", c.Comm}, {"memory_factor", c.MemoryFactor}} {
+		if !(f.v > 0) {
+			return fmt.Errorf("plan: calibration %s = %g must be > 0", f.name, f.v)
+		}
+	}
+	if c.MatmulFP8 < 0 || c.MemoryBase < 0 {
+		return fmt.Errorf("plan: calibration matmul_fp8_efficiency %g and memory_base_bytes %g must be >= 0", c.MatmulFP8, c.MemoryBase)
+	}
+	for _, k := range c.Collectives {
+		if k.NProc < 2 || !(k.Bandwidth > 0) || k.Latency < 0 {
+			return fmt.Errorf("plan: calibration collective %s on %d processes: latency %g, bandwidth %g", k.Op, k.NProc, k.Latency, k.Bandwidth)
+		}
+	}
+	return nil
+}
+
+// collective returns the time of op on n processes for size bytes from
+// the measured fits: the fit of n processes, else of the nearest count
+// measured, scaled by the ring's (n-1)/n factor; ok false when op was
+// not measured.
+func (c Calibration) collective(op string, n int, size float64) (float64, bool) {
+	var fits []Collective
+	for _, k := range c.Collectives {
+		if k.Op == op {
+			fits = append(fits, k)
+		}
+	}
+	if len(fits) == 0 {
+		return 0, false
+	}
+	sort.Slice(fits, func(i, j int) bool { return abs(fits[i].NProc-n) < abs(fits[j].NProc-n) })
+	k := fits[0]
+	scale := (float64(n-1) / float64(n)) / (float64(k.NProc-1) / float64(k.NProc))
+	return k.Latency*float64(n-1)/float64(k.NProc-1) + size*scale/k.Bandwidth, true
+}
+
+func abs(x int) int {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+// DefaultCalibrationPath is where titan plan --calibrate writes and plan
+// reads this machine's calibration: $TITAN_PLAN_CALIBRATION when set,
+// else plan-calibration.json in titan's folder of the user's cache.
+func DefaultCalibrationPath() (string, error) {
+	if p := os.Getenv("TITAN_PLAN_CALIBRATION"); p != "" {
+		return p, nil
+	}
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("plan: no cache folder for the calibration (set TITAN_PLAN_CALIBRATION): %w", err)
+	}
+	return filepath.Join(dir, "titan", "plan-calibration.json"), nil
+}
+
+// LoadCalibration reads a calibration file.
+func LoadCalibration(path string) (Calibration, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return Calibration{}, fmt.Errorf("plan: calibration: %w", err)
+	}
+	var c Calibration
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return Calibration{}, fmt.Errorf("plan: calibration %s: %w", path, err)
+	}
+	if err := c.Validate(); err != nil {
+		return Calibration{}, fmt.Errorf("%w (in %s)", err, path)
+	}
+	return c, nil
+}
+
+// Save writes the calibration to path (write, fsync, rename).
+func (c Calibration) Save(path string) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	raw, err := json.MarshalIndent(c, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("plan: calibration: %w", err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".plan-calibration-*")
+	if err != nil {
+		return fmt.Errorf("plan: calibration: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(append(raw, '\n')); err != nil {
+		tmp.Close()
+		return fmt.Errorf("plan: calibration: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("plan: calibration: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("plan: calibration: %w", err)
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+// Runtime is how a device stores and computes: element sizes, whether
+// the loss materialises the whole logits, whether element-wise
+// operations are fused kernels, and whether communication overlaps
+// computation.
+type Runtime struct {
+	Precision memplan.Precision
+	// WholeLogits: the loss keeps the whole logits (PyTorch's cross
+	// entropy); otherwise titan's chunked logits.
+	WholeLogits bool
+	// Fused: element-wise operations run as fused kernels (titan's CPU
+	// kernels; torch.compile on a GPU) rather than one kernel per
+	// operation (PyTorch eager).
+	Fused bool
+	// Overlap: collectives run on their own engines beside the compute
+	// (GPU); on a CPU host they run on the cores that compute.
+	Overlap bool
+	// Shared is the number of ranks sharing one device's compute (CPU
+	// worker processes on one host); 1 on GPUs.
+	Shared int
+}
+
+// RuntimeOf returns the runtime of layout l on cluster c: float32 and
+// titan's fused kernels on a CPU (whose ranks share the host's cores);
+// float32 state with bf16 compute, whole logits and eager element-wise
+// kernels unless compiled on a GPU.
+func RuntimeOf(c cluster.Cluster, l Layout) Runtime {
+	if c.CPU() {
+		return Runtime{Fused: true, Shared: min(l.World(), c.Nodes*c.DevicesPerNode)}
+	}
+	return Runtime{Precision: memplan.Precision{State: 4, Compute: 2}, WholeLogits: true, Fused: l.Compile, Overlap: true, Shared: 1}
+}

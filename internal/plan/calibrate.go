@@ -1,0 +1,310 @@
+package plan
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/titan-go/titan/internal/backend"
+	"github.com/titan-go/titan/internal/backend/cpu"
+	"github.com/titan-go/titan/internal/cluster"
+	"github.com/titan-go/titan/internal/memplan"
+	"github.com/titan-go/titan/internal/model/llama"
+)
+
+// CalibrateOptions are the settings of CalibrateCPU.
+type CalibrateOptions struct {
+	// Exe is the titan binary whose `bench comm` and `train` measure the
+	// collectives and the process's memory beyond memplan's estimate.
+	Exe string
+	// Flavor is the model whose shapes the kernels are timed at
+	// ("debug" when empty).
+	Flavor string
+	// Batch and SeqLen are the shapes' batch and sequence (8 × 256 when
+	// zero: the debug recipe's).
+	Batch, SeqLen int
+	// NProcs are the process counts whose collectives are measured
+	// (2 and 4 when empty).
+	NProcs []int
+	// Log receives progress (nil: none).
+	Log io.Writer
+}
+
+// CalibrateCPU measures, on this host, titan's own kernels at the
+// shapes of a model (GEMMs of its projections, causal attention, the
+// RMSNorm and SwiGLU passes with their backwards), its collectives over
+// worker processes (titan bench comm: allreduce, all_gather and
+// reduce_scatter at a small and a large size for each process count)
+// and how a titan train process's memory relates to memplan's estimate
+// (two 2-step runs of the tiny_bench model, see measureMemory), and
+// returns them as a
+// calibration for cluster c.
+func CalibrateCPU(ctx context.Context, c cluster.Cluster, o CalibrateOptions) (Calibration, error) {
+	if !c.CPU() {
+		return Calibration{}, fmt.Errorf("plan: --calibrate measures this machine; cluster %s is not a CPU host (GPU calibrations come from the published reference row)", c.Name)
+	}
+	logf := func(format string, a ...any) {
+		if o.Log != nil {
+			fmt.Fprintf(o.Log, format+"\n", a...)
+		}
+	}
+	if o.Flavor == "" {
+		o.Flavor = "debug"
+	}
+	if o.Batch == 0 {
+		o.Batch = 8
+	}
+	if o.SeqLen == 0 {
+		o.SeqLen = 256
+	}
+	if len(o.NProcs) == 0 {
+		o.NProcs = []int{2, 4}
+	}
+	cfg, err := llama.Flavor(o.Flavor)
+	if err != nil {
+		return Calibration{}, fmt.Errorf("plan: calibrate: %w", err)
+	}
+	k, err := measureKernels(cfg, o.Batch, o.SeqLen)
+	if err != nil {
+		return Calibration{}, err
+	}
+	logf("kernels (%s, %d × %d, %d threads): GEMM %.3g FLOP/s, attention %.3g FLOP/s, element-wise %.3g B/s", o.Flavor, o.Batch, o.SeqLen, k.threads, k.gemm, k.attn, k.ew)
+	cal := Calibration{
+		Source:      fmt.Sprintf("titan plan --calibrate on this host (%s shapes; %s)", o.Flavor, time.Now().UTC().Format(time.RFC3339)),
+		Cluster:     c.Name,
+		Matmul:      k.gemm / c.Device.PeakFP32,
+		Attention:   k.attn / c.Device.PeakFP32,
+		Elementwise: k.ew / c.Device.MemoryBandwidth,
+		Comm:        1, MemoryFactor: 1,
+		Created: time.Now().UTC().Format(time.RFC3339),
+	}
+	if o.Exe == "" {
+		return cal, fmt.Errorf("plan: calibrate: no titan binary to run the collectives with")
+	}
+	for _, n := range o.NProcs {
+		for _, op := range []string{"allreduce", "all_gather", "reduce_scatter"} {
+			fit, err := measureCollective(ctx, o.Exe, op, n)
+			if err != nil {
+				return cal, err
+			}
+			logf("%s on %d processes (%s): latency %.3g s, bandwidth %.3g B/s", op, n, fit.Transport, fit.Latency, fit.Bandwidth)
+			cal.Collectives = append(cal.Collectives, fit)
+		}
+	}
+	factor, base, err := measureMemory(ctx, o.Exe)
+	if err != nil {
+		return cal, err
+	}
+	cal.MemoryFactor, cal.MemoryBase = factor, base
+	logf("process memory: %.3f × memplan's estimate + %s", factor, memplan.Human(int64(base)))
+	return cal, cal.Validate()
+}
+
+// kernelRates are measured throughputs.
+type kernelRates struct {
+	gemm, attn, ew float64
+	threads        int
+}
+
+// timeIt returns the best of a few runs of fn (at least 3, for up to
+// 200 ms).
+func timeIt(fn func()) float64 {
+	best := time.Duration(1 << 62)
+	deadline := time.Now().Add(200 * time.Millisecond)
+	for i := 0; i < 3 || time.Now().Before(deadline); i++ {
+		t0 := time.Now()
+		fn()
+		best = min(best, time.Since(t0))
+		if i > 100 {
+			break
+		}
+	}
+	return best.Seconds()
+}
+
+// measureKernels times the CPU backend's kernels at cfg's shapes for
+// batches of B × T tokens, with all the host's threads, counting FLOPs
+// and bytes as Predict does.
+func measureKernels(cfg llama.Config, B, T int) (kernelRates, error) {
+	be := cpu.New(0)
+	defer be.Close()
+	N, D, F, V := B*T, cfg.Dim, cfg.FFNHidden(), cfg.VocabSize
+	Q, KV := cfg.NHeads*cfg.HeadDim(), cfg.KVHeads()*cfg.HeadDim()
+	fill := func(n int) backend.Tensor {
+		t := be.Alloc(backend.Float32, n)
+		h := make([]float32, n)
+		for i := range h {
+			h[i] = float32(i%13)*0.01 - 0.06
+		}
+		be.Upload(t, h)
+		return t
+	}
+	// The products of a layer and the head, forward and both backward
+	// products, as the model runs them: x[N×in] · W[out×in]^T.
+	shapes := [][2]int{{D, Q}, {D, KV}, {D, KV}, {Q, D}, {D, F}, {D, F}, {F, D}, {D, V}}
+	var flops, secs float64
+	for _, s := range shapes {
+		in, out := s[0], s[1]
+		x, w, y := fill(N*in), fill(out*in), fill(N*out)
+		dx, dw := fill(N*in), fill(out*in)
+		secs += timeIt(func() {
+			be.Gemm(false, true, N, out, in, 1, x, in, w, in, 0, y, out)
+			be.Gemm(false, false, N, in, out, 1, y, out, w, in, 0, dx, in)
+			be.Gemm(true, false, out, in, N, 1, y, out, x, in, 0, dw, in)
+		})
+		flops += 3 * 2 * float64(N) * float64(in) * float64(out)
+	}
+	r := kernelRates{gemm: flops / secs, threads: be.Threads()}
+	// Causal attention forward and backward.
+	d := backend.AttentionDims{B: B, Tq: T, Tk: T, NH: cfg.NHeads, NKV: cfg.KVHeads(), HD: cfg.HeadDim()}
+	q, k, v := fill(N*Q), fill(N*KV), fill(N*KV)
+	out, lse, dout := fill(N*Q), fill(B*cfg.NHeads*T), fill(N*Q)
+	dq, dk, dv := fill(N*Q), fill(N*KV), fill(N*KV)
+	fwd := timeIt(func() { be.AttentionForward(out, lse, q, k, v, d) })
+	bwd := timeIt(func() { be.AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse, d) })
+	af := attentionFLOPs(cfg, float64(N), float64(T))
+	r.attn = af * (1 + attentionBackward) / (fwd + bwd)
+	// Element-wise: RMSNorm over N×D and SwiGLU over N×F, forward and
+	// backward, in the bytes ewElements counts for fused kernels.
+	x, w, y, rstd := fill(N*D), fill(D), fill(N*D), fill(N)
+	dx, dw := fill(N*D), fill(D)
+	g, u, h := fill(N*F), fill(N*F), fill(N*F)
+	dg, du := fill(N*F), fill(N*F)
+	ewSecs := timeIt(func() {
+		be.RMSNormForward(y, rstd, x, w, N, D, 1e-5)
+		be.RMSNormBackward(dx, dw, y, x, w, rstd, N, D)
+		be.SwiGLUForward(h, g, u, N*F)
+		be.SwiGLUBackward(dg, du, h, g, u, N*F)
+	})
+	// Forward: the norm reads and writes N×D, SwiGLU reads two N×F and
+	// writes one; the backwards move twice as much.
+	r.ew = 3 * float64(2*N*D+3*N*F) * 4 / ewSecs
+	if !(r.gemm > 0 && r.attn > 0 && r.ew > 0) {
+		return r, fmt.Errorf("plan: calibrate: kernel timings out of range (%+v)", r)
+	}
+	return r, nil
+}
+
+// measureCollective fits latency and bandwidth of op on n processes
+// from titan bench comm at 64 KiB and 16 MiB.
+func measureCollective(ctx context.Context, exe, op string, n int) (Collective, error) {
+	var pts [2]struct{ size, t float64 }
+	var transport string
+	for i, size := range []string{"64KiB", "16MiB"} {
+		cmd := exec.CommandContext(ctx, exe, "bench", "comm", "--op", op, "--size", size, "--nproc", strconv.Itoa(n), "--json")
+		cmd.Stderr = nil
+		raw, err := cmd.Output()
+		if err != nil {
+			return Collective{}, fmt.Errorf("plan: calibrate: %s bench comm --op %s --size %s --nproc %d: %w", exe, op, size, n, err)
+		}
+		var res struct {
+			SizeBytes int     `json:"size_bytes"`
+			TimeS     float64 `json:"time_s"`
+			Transport string  `json:"transport"`
+		}
+		if err := lastJSON(raw, &res); err != nil || res.TimeS <= 0 {
+			return Collective{}, fmt.Errorf("plan: calibrate: bench comm --op %s --nproc %d: no result (%v)", op, n, err)
+		}
+		pts[i].size, pts[i].t, transport = float64(res.SizeBytes), res.TimeS, res.Transport
+	}
+	bw := (pts[1].size - pts[0].size) / (pts[1].t - pts[0].t)
+	if !(bw > 0) {
+		bw = pts[1].size / pts[1].t
+	}
+	lat := max(0, pts[0].t-pts[0].size/bw)
+	return Collective{Op: op, NProc: n, Transport: transport, Latency: lat, Bandwidth: bw}, nil
+}
+
+// lastJSON decodes the last line of out that holds a JSON object.
+func lastJSON(out []byte, v any) error {
+	var last []byte
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if b := sc.Bytes(); len(b) > 0 && b[0] == '{' {
+			last = append(last[:0], b...)
+		}
+	}
+	if last == nil {
+		return fmt.Errorf("no JSON line in %q", out)
+	}
+	return json.Unmarshal(last, v)
+}
+
+// memoryProbes are the jobs measureMemory trains: tiny_bench with one
+// sequence of 64 tokens (memplan's estimate small beside what the process
+// itself holds) and with 8 of 512 (the activations large).
+var memoryProbes = [][2]int{{1, 64}, {8, 512}}
+
+// measureMemory runs the probe jobs and fits their peak resident memory
+// as factor × memplan's estimate + base: the base is the Go runtime, the
+// binary, the corpus and the tokenizer, which every worker holds
+// whatever its model, the factor the heap's slack over the live buffers.
+func measureMemory(ctx context.Context, exe string) (factor, base float64, err error) {
+	cfg, err := llama.Flavor("tiny_bench")
+	if err != nil {
+		return 0, 0, err
+	}
+	var peak, est [2]float64
+	for i, pr := range memoryProbes {
+		if peak[i], err = probePeak(ctx, exe, pr[0], pr[1]); err != nil {
+			return 0, 0, err
+		}
+		r, err := memplan.Estimate(memplan.Plan{Model: cfg, Batch: pr[0], SeqLen: pr[1]})
+		if err != nil {
+			return 0, 0, err
+		}
+		est[i] = float64(r.Total())
+	}
+	factor = (peak[1] - peak[0]) / (est[1] - est[0])
+	base = peak[0] - factor*est[0]
+	if !(factor > 0) || base < 0 {
+		return 0, 0, fmt.Errorf("plan: calibrate: memory probes peaked at %s and %s for estimates of %s and %s: no fit", memplan.Human(int64(peak[0])), memplan.Human(int64(peak[1])), memplan.Human(int64(est[0])), memplan.Human(int64(est[1])))
+	}
+	return factor, base, nil
+}
+
+// probePeak trains tiny_bench for 2 steps at batch × seq and returns the
+// largest peak resident memory it logged, in bytes.
+func probePeak(ctx context.Context, exe string, batch, seq int) (float64, error) {
+	dir, err := os.MkdirTemp("", "titan-plan-calibrate-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	args := []string{"train", "--set", "model.flavor=tiny_bench", "--set", "training.local_batch_size=" + strconv.Itoa(batch),
+		"--set", "training.seq_len=" + strconv.Itoa(seq), "--set", "training.steps=2", "--set", "metrics.log_freq=1",
+		"--set", "checkpoint.enable=false", "--set", "validation.enable=false", "--set", "activation_checkpoint.mode=none",
+		"--set", "job.dump_folder=" + dir}
+	cmd := exec.CommandContext(ctx, exe, args...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return 0, fmt.Errorf("plan: calibrate: %s %v: %w\n%s", exe, args, err, out)
+	}
+	f, err := os.Open(filepath.Join(dir, "metrics.jsonl"))
+	if err != nil {
+		return 0, fmt.Errorf("plan: calibrate: the memory probe wrote no metrics: %w", err)
+	}
+	defer f.Close()
+	var peak float64
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var rec struct {
+			MemGiB float64 `json:"mem_gib"`
+		}
+		if json.Unmarshal(sc.Bytes(), &rec) == nil {
+			peak = max(peak, rec.MemGiB)
+		}
+	}
+	if peak <= 0 {
+		return 0, fmt.Errorf("plan: calibrate: the memory probe logged no memory")
+	}
+	return peak * (1 << 30), nil
+}

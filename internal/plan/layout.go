@@ -1,0 +1,141 @@
+// Package plan predicts what a training job costs on a cluster before
+// any machine is booked: each rank's memory (memplan's estimate, the one
+// the trainer refuses jobs with) and the step time from the model's
+// shapes, the layout's communication with the overlap it gets, and the
+// pipeline bubble of the chosen schedule (simulated with the schedule
+// code titan trains with), giving tokens/s per device and MFU; and it
+// searches the layouts that fit for the fastest.
+//
+// Compute is timed per kind of operation — matrix products, attention,
+// element-wise passes over memory — at efficiencies a Calibration gives:
+// measured from titan's own kernels and collectives on this machine, or
+// derived for GPUs from one published configuration (see Reference).
+package plan
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/titan-go/titan/internal/config"
+	"github.com/titan-go/titan/internal/memplan"
+	"github.com/titan-go/titan/internal/model/llama"
+	"github.com/titan-go/titan/internal/parallel"
+)
+
+// Layout is how a job runs: the mesh, the pipeline, the batch, the
+// activation checkpointing and the kernel options.
+type Layout struct {
+	Degrees memplan.Degrees
+	// Schedule and MicrobatchRows are the pipeline schedule and the
+	// rows of a microbatch (used when Degrees.PP > 1).
+	Schedule       string
+	MicrobatchRows int
+	// FirstLessLayers and LastLessLayers count the embedding and the head
+	// as layers when the stages are cut (the recipe's
+	// pipeline_parallel_first/last_stage_less_layers).
+	FirstLessLayers, LastLessLayers int
+	// LocalBatch is the sequences per data-parallel rank and step,
+	// SeqLen their length.
+	LocalBatch, SeqLen int
+	// Checkpoint is the activation checkpointing policy.
+	Checkpoint memplan.Checkpoint
+	// Reshard is parallelism.fsdp_reshard_after_forward.
+	Reshard string
+	// Compile fuses the element-wise operations (torch.compile on a GPU);
+	// Float8 runs the linear layers' products in float8; AsyncTP
+	// overlaps tensor-parallel communication with the products next to
+	// it.
+	Compile, Float8, AsyncTP bool
+}
+
+// Job is a model and its layout.
+type Job struct {
+	Flavor string
+	Model  llama.Config
+	Layout Layout
+}
+
+// String writes the layout as its degrees and options.
+func (l Layout) String() string {
+	d := l.Degrees
+	var parts []string
+	add := func(name string, v int) {
+		if v > 1 {
+			parts = append(parts, fmt.Sprintf("%s%d", name, v))
+		}
+	}
+	add("dp_rep", d.DPReplicate)
+	add("fsdp", d.DPShard)
+	add("tp", d.TP)
+	add("cp", d.CP)
+	add("pp", d.PP)
+	s := strings.Join(parts, "×")
+	if s == "" {
+		s = "1 rank"
+	}
+	if d.PP > 1 {
+		s += fmt.Sprintf(" %s mb%d", l.Schedule, l.MicrobatchRows)
+	}
+	s += fmt.Sprintf(" lbs%d ac:%s", l.LocalBatch, strings.ReplaceAll(l.Checkpoint.String(), " ", "-"))
+	for _, o := range []struct {
+		on   bool
+		name string
+	}{{l.Compile, "compile"}, {l.Float8, "float8"}, {l.AsyncTP, "asyncTP"}} {
+		if o.on {
+			s += " +" + o.name
+		}
+	}
+	return s
+}
+
+// World is the number of ranks the layout uses.
+func (l Layout) World() int { return l.Degrees.World() }
+
+// FromRecipe returns the job of a recipe on world ranks (a
+// data_parallel_shard_degree of -1 takes what the other degrees leave).
+func FromRecipe(job *config.Job, world int) (Job, error) {
+	if job.Model.Name != "" && job.Model.Name != "llama3" {
+		return Job{}, fmt.Errorf("plan: model.name %q: only llama3 is modelled", job.Model.Name)
+	}
+	mp, err := memplan.FromJob(job, world)
+	if err != nil {
+		return Job{}, err
+	}
+	p := job.Parallelism
+	l := Layout{
+		Degrees: mp.Degrees, Schedule: p.PipelineParallelSchedule, MicrobatchRows: p.PipelineParallelMicrobatchSize,
+		FirstLessLayers: p.PipelineParallelFirstStageLessLayers, LastLessLayers: p.PipelineParallelLastStageLessLayers,
+		LocalBatch: job.Training.LocalBatchSize, SeqLen: job.Training.SeqLen,
+		Checkpoint: mp.Checkpoint, Reshard: p.FSDPReshardAfterForward, AsyncTP: p.EnableAsyncTensorParallel,
+	}
+	return Job{Flavor: job.Model.Flavor, Model: mp.Model, Layout: l}, nil
+}
+
+// pipeline resolves the layout's pipeline with titan's own planner (as
+// memplan does for the estimate).
+func (j Job) pipeline() (parallel.PipelinePlan, error) {
+	mp, err := j.MemPlan(Runtime{})
+	if err != nil {
+		return parallel.PipelinePlan{}, err
+	}
+	return mp.ResolvePipeline()
+}
+
+// MemPlan is the memplan plan of the job's busiest rank on a device of
+// the given runtime (precision and logits): the same estimate the
+// trainer checks a job against.
+func (j Job) MemPlan(rt Runtime) (memplan.Plan, error) {
+	l := j.Layout
+	p := memplan.Plan{
+		Model: j.Model, Flavor: j.Flavor, Batch: l.LocalBatch, SeqLen: l.SeqLen, MicrobatchRows: l.MicrobatchRows,
+		Degrees: l.Degrees, Reshard: l.Reshard, Checkpoint: l.Checkpoint, Precision: rt.Precision,
+	}
+	if rt.WholeLogits {
+		p.LogitChunk = j.Model.VocabSize / max(l.Degrees.TP, 1)
+	}
+	if l.Degrees.PP > 1 {
+		p.Pipeline = &parallel.PipelineSettings{Schedule: l.Schedule, MicrobatchSize: max(l.MicrobatchRows, 1),
+			FirstLessLayers: l.FirstLessLayers, LastLessLayers: l.LastLessLayers}
+	}
+	return p, nil
+}

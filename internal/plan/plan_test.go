@@ -1,0 +1,329 @@
+package plan
+
+import (
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/titan-go/titan/internal/cluster"
+	"github.com/titan-go/titan/internal/config"
+	"github.com/titan-go/titan/internal/memplan"
+	"github.com/titan-go/titan/internal/model/llama"
+	"github.com/titan-go/titan/internal/parallel/pipeline"
+)
+
+// cpuCal is a calibration of the CPU host with measured-looking
+// collectives, for tests that must not depend on this machine's speed.
+func cpuCal() Calibration {
+	return Calibration{Source: "test", Cluster: "cpu-2core", Matmul: 0.5, Attention: 0.1, Elementwise: 0.5, Comm: 1, MemoryFactor: 1.1, MemoryBase: 90 << 20,
+		Collectives: []Collective{
+			{Op: "allreduce", NProc: 2, Latency: 1e-4, Bandwidth: 2e9}, {Op: "all_gather", NProc: 2, Latency: 7e-5, Bandwidth: 1e10},
+			{Op: "reduce_scatter", NProc: 2, Latency: 6e-5, Bandwidth: 2e9}, {Op: "allreduce", NProc: 4, Latency: 1e-4, Bandwidth: 6e8},
+			{Op: "all_gather", NProc: 4, Latency: 1.6e-4, Bandwidth: 7e9}, {Op: "reduce_scatter", NProc: 4, Latency: 7e-5, Bandwidth: 1.5e9},
+		}}
+}
+
+func debugJob(t *testing.T, d memplan.Degrees, sched string) Job {
+	t.Helper()
+	cfg, err := llama.Flavor("debug")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Job{Flavor: "debug", Model: cfg, Layout: Layout{Degrees: d, Schedule: sched, MicrobatchRows: 1, FirstLessLayers: 1, LastLessLayers: 1,
+		LocalBatch: 8, SeqLen: 256, Checkpoint: memplan.Checkpoint{Mode: "none"}, Reshard: "default"}}
+}
+
+func deg(pp, rep, shard, cp, tp int) memplan.Degrees {
+	return memplan.Degrees{PP: pp, DPReplicate: rep, DPShard: shard, CP: cp, TP: tp}
+}
+
+// debugLayouts are the layouts bench/plan/measure.sh measures.
+var debugLayouts = []struct {
+	name  string
+	d     memplan.Degrees
+	sched string
+}{
+	{"one", deg(1, 1, 1, 1, 1), ""}, {"FSDP2", deg(1, 1, 2, 1, 1), ""}, {"FSDP4", deg(1, 1, 4, 1, 1), ""},
+	{"DDP2", deg(1, 2, 1, 1, 1), ""}, {"TP2", deg(1, 1, 1, 1, 2), ""}, {"TP4", deg(1, 1, 1, 1, 4), ""}, {"CP2", deg(1, 1, 1, 2, 1), ""},
+	{"PP2-1F1B", deg(2, 1, 1, 1, 1), "1F1B"}, {"PP2-GPipe", deg(2, 1, 1, 1, 1), "GPipe"},
+	{"PP2-Interleaved1F1B", deg(2, 1, 1, 1, 1), "Interleaved1F1B"}, {"FSDP2xTP2", deg(1, 1, 2, 1, 2), ""},
+}
+
+// TestMemoryIsMemplans checks that the predicted memory is memplan's
+// estimate — the one titan train refuses jobs with — scaled by the
+// calibration, for every measured layout.
+func TestMemoryIsMemplans(t *testing.T) {
+	c, err := cluster.Load("cpu-2core")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cal := cpuCal()
+	for _, l := range debugLayouts {
+		t.Run(l.name, func(t *testing.T) {
+			j := debugJob(t, l.d, l.sched)
+			p, err := Predict(j, c, cal)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mp, err := j.MemPlan(p.Runtime)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := memplan.Estimate(mp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Memory.Total() != want.Total() {
+				t.Errorf("memory %d, memplan %d", p.Memory.Total(), want.Total())
+			}
+			if got := cal.MemoryFactor*float64(want.Total()) + cal.MemoryBase; p.MemoryBytes != got {
+				t.Errorf("device memory %g, want %g", p.MemoryBytes, got)
+			}
+		})
+	}
+}
+
+// TestTrainerEstimateMatches checks that a recipe's plan is the
+// trainer's: FromRecipe's memplan plan estimates what memplan.FromJob
+// (titan train's check) does.
+func TestTrainerEstimateMatches(t *testing.T) {
+	for _, sets := range [][]string{
+		nil,
+		{"parallelism.data_parallel_shard_degree=2"},
+		{"parallelism.tensor_parallel_degree=2", "parallelism.data_parallel_shard_degree=1"},
+		{"parallelism.pipeline_parallel_degree=2", "parallelism.data_parallel_shard_degree=1", "parallelism.pipeline_parallel_schedule=GPipe"},
+	} {
+		job, err := config.Load("../../recipes/llama3_debug.toml", sets, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		world := 1
+		if len(sets) > 0 {
+			world = 2
+		}
+		j, err := FromRecipe(job, world)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mp, err := j.MemPlan(Runtime{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := memplan.Estimate(mp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tp, err := memplan.FromJob(job, world)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := memplan.Estimate(tp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Total() != want.Total() {
+			t.Errorf("%v: plan's estimate %d, trainer's %d", sets, got.Total(), want.Total())
+		}
+	}
+}
+
+// TestBubbleIsSimulation checks the pipeline bubble against the
+// schedule code: the fraction is the simulation's, 1F1B's equals the
+// closed form (pp-1)/(m+pp-1) when stages cost alike and transfers are
+// free, and the busiest rank's idle time is that fraction of the
+// makespan.
+func TestBubbleIsSimulation(t *testing.T) {
+	c, _ := cluster.Load("cpu-2core")
+	cal := cpuCal()
+	for _, sched := range []string{"1F1B", "GPipe", "Interleaved1F1B"} {
+		j := debugJob(t, deg(2, 1, 1, 1, 1), sched)
+		p, err := Predict(j, c, cal)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pp, err := j.pipeline()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pp.Schedule.Name != sched || p.Microbatches != 8 {
+			t.Fatalf("%s: schedule %s over %d microbatches", sched, pp.Schedule.Name, p.Microbatches)
+		}
+		b := p.Step
+		makespan := b.Step - b.FSDP - b.DP - b.Optimizer
+		if d := math.Abs(b.Bubble - p.BubbleFraction*makespan); d > 1e-9*makespan {
+			t.Errorf("%s: bubble %g s, but %.4f of the makespan %g s is %g", sched, b.Bubble, p.BubbleFraction, makespan, p.BubbleFraction*makespan)
+		}
+		sum := b.Matmul + b.Attention + b.Elementwise + b.Recompute + b.TP + b.CP + b.Bubble + b.FSDP + b.DP + b.Optimizer
+		if math.Abs(sum-b.Step) > 1e-9*b.Step {
+			t.Errorf("%s: parts sum to %g, step %g", sched, sum, b.Step)
+		}
+	}
+	// The closed form, through the same simulation Predict runs.
+	for _, m := range []int{2, 4, 8, 32} {
+		s, err := pipeline.Build("1F1B", 2, 1, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tl := s.Simulate(1, 2, 0, 0)
+		if want := 1.0 / float64(m+1); math.Abs(tl.Bubble-want) > 1e-12 {
+			t.Errorf("1F1B pp 2 m %d: bubble %g, want %g", m, tl.Bubble, want)
+		}
+	}
+}
+
+// TestDataParallelScaling checks the predictor's arithmetic against
+// itself: FSDP over more ranks holds less state and spends more time in
+// communication; tensor parallel halves the products of each rank.
+func TestDataParallelScaling(t *testing.T) {
+	c, _ := cluster.Load("cpu-2core")
+	cal := cpuCal()
+	pred := func(d memplan.Degrees) Prediction {
+		p, err := Predict(debugJob(t, d, ""), c, cal)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	one, f2, f4, tp2 := pred(deg(1, 1, 1, 1, 1)), pred(deg(1, 1, 2, 1, 1)), pred(deg(1, 1, 4, 1, 1)), pred(deg(1, 1, 1, 1, 2))
+	if !(f4.Memory.Params < f2.Memory.Params && f2.Memory.Params < one.Memory.Params) {
+		t.Errorf("parameters per rank: one %d, fsdp2 %d, fsdp4 %d", one.Memory.Params, f2.Memory.Params, f4.Memory.Params)
+	}
+	if !(f4.Step.FSDP > f2.Step.FSDP && f2.Step.FSDP > 0 && one.Step.FSDP == 0) {
+		t.Errorf("fsdp comm: one %g, fsdp2 %g, fsdp4 %g", one.Step.FSDP, f2.Step.FSDP, f4.Step.FSDP)
+	}
+	// Two processes share the host's cores: each runs at half the rate,
+	// so FSDP2's products take as long as one process's and TP2's (half
+	// the products each) as long too.
+	if r := f2.Step.Matmul / one.Step.Matmul; math.Abs(r-2) > 1e-9 {
+		t.Errorf("fsdp2 matmul / one = %g, want 2 (same work at half the rate)", r)
+	}
+	if r := tp2.Step.Matmul / one.Step.Matmul; math.Abs(r-1) > 1e-9 {
+		t.Errorf("tp2 matmul / one = %g, want 1 (half the work at half the rate)", r)
+	}
+	if tp2.Step.TP <= 0 {
+		t.Error("tp2 has no tensor-parallel communication")
+	}
+}
+
+// TestCalibrationRoundTrip checks Save and LoadCalibration, and that a
+// bad calibration is refused naming the figure.
+func TestCalibrationRoundTrip(t *testing.T) {
+	path := t.TempDir() + "/cal.json"
+	cal := cpuCal()
+	if err := cal.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	got, err := LoadCalibration(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Matmul != cal.Matmul || len(got.Collectives) != len(cal.Collectives) {
+		t.Errorf("round trip: %+v", got)
+	}
+	bad := cal
+	bad.Elementwise = 0
+	if err := bad.Save(path); err == nil || !strings.Contains(err.Error(), "elementwise_efficiency") {
+		t.Errorf("zero elementwise efficiency saved: %v", err)
+	}
+}
+
+// TestMeasureKernels runs the kernel benchmarks at the tiny model's
+// shapes: every rate must come out positive and below the nominal peak
+// of the host ten times over (a count off by an order of magnitude).
+func TestMeasureKernels(t *testing.T) {
+	cfg, _ := llama.Flavor("tiny")
+	k, err := measureKernels(cfg, 2, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := cluster.Load("cpu-2core")
+	if k.gemm > 10*c.Device.PeakFP32 || k.attn > 10*c.Device.PeakFP32 {
+		t.Errorf("kernel rates %+v above ten times the host's peak %g", k, c.Device.PeakFP32)
+	}
+}
+
+// publishedBounds are the errors bench/plan/README.md states for each
+// published row: the prediction may not drift beyond them (tokens/s,
+// memory, as fractions).
+var publishedBounds = map[string][2]float64{
+	"8B FSDP8":                           {1e-6, 1e-6},
+	"8B FSDP8 +compile":                  {0.10, 0.10},
+	"8B FSDP8 +compile +float8":          {0.10, 0.10},
+	"8B FSDP8 CP1 32K":                   {0.10, 0.45},
+	"8B FSDP4 CP2 64K":                   {0.15, 0.45},
+	"8B FSDP2 CP4 128K":                  {0.25, 0.45},
+	"8B FSDP1 CP8 256K":                  {0.30, 1.00},
+	"8B FSDP128":                         {0.05, 0.05},
+	"8B FSDP128 +compile":                {0.10, 0.10},
+	"8B FSDP128 +compile +float8":        {0.10, 0.10},
+	"70B FSDP32 TP8":                     {0.20, 0.30},
+	"70B FSDP32 TP8 +asyncTP":            {0.10, 0.25},
+	"405B PP8 FSDP8 TP8 1F1B":            {0.30, 0.40},
+	"405B PP8 FSDP8 TP8 Interleaved1F1B": {0.15, 0.30},
+	"405B FSDP8 CP1 32K":                 {0.20, 0.65},
+	"405B FSDP4 CP2 64K":                 {0.10, 0.65},
+	"405B FSDP2 CP4 128K":                {0.10, 0.65},
+	"405B FSDP1 CP8 256K":                {0.30, 1.50},
+}
+
+// TestPublishedRows recomputes the comparison with torchtitan's
+// published H100 tables: calibrated on the 8B FSDP8 row alone, the
+// other rows may not drift beyond what the README claims.
+func TestPublishedRows(t *testing.T) {
+	rs, _, err := CompareReference()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != len(publishedBounds) {
+		t.Fatalf("%d rows, %d bounds", len(rs), len(publishedBounds))
+	}
+	for _, r := range rs {
+		b, ok := publishedBounds[r.Row.Name]
+		if !ok {
+			t.Errorf("row %q has no stated bound", r.Row.Name)
+			continue
+		}
+		if math.Abs(r.TPSErr) > b[0] || math.Abs(r.MemErr) > b[1] {
+			t.Errorf("%s: tokens/s %.0f vs %.0f (%+.1f%%), memory %.1f vs %.1f GiB (%+.1f%%); README claims within %.0f%% and %.0f%%",
+				r.Row.Name, r.Prediction.TokensPerDevice, r.Row.TPS, 100*r.TPSErr, r.Prediction.MemoryBytes/(1<<30), r.Row.MemGiB, 100*r.MemErr, 100*b[0], 100*b[1])
+		}
+	}
+}
+
+// TestSearchCoversThePublishedLayout checks that a search of 8B on 8
+// GPUs enumerates the published layout and ranks nothing slower above
+// it.
+func TestSearchCoversThePublishedLayout(t *testing.T) {
+	rs, cal, err := CompareReference()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := rs[0]
+	c, _ := cluster.Load(ReferenceCluster)
+	r, err := Search(ref.Row.Job, c, cal, SearchOptions{World: 8, Top: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for i, cand := range r.Top {
+		p := cand.Prediction
+		if i > 0 && p.TokensPerDevice > r.Top[i-1].Prediction.TokensPerDevice {
+			t.Fatalf("rank %d faster than rank %d", i+1, i)
+		}
+		if p.Job.Layout.String() == ref.Row.Job.Layout.String() {
+			found = true
+			if math.Abs(p.TokensPerDevice-ref.Prediction.TokensPerDevice) > 1e-9*p.TokensPerDevice {
+				t.Errorf("the published layout predicts %g in the search, %g alone", p.TokensPerDevice, ref.Prediction.TokensPerDevice)
+			}
+		}
+		if !p.Fits() {
+			t.Errorf("%s does not fit but was ranked", p.Job.Layout)
+		}
+	}
+	if !found {
+		t.Errorf("the published layout %s is not among the %d that fit", ref.Row.Job.Layout, r.Fit)
+	}
+	if r.Top[0].Prediction.TokensPerDevice < ref.Prediction.TokensPerDevice {
+		t.Error("the best layout is slower than the published one")
+	}
+}

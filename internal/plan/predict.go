@@ -1,0 +1,530 @@
+package plan
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+
+	"github.com/titan-go/titan/internal/cluster"
+	"github.com/titan-go/titan/internal/memplan"
+	"github.com/titan-go/titan/internal/model/llama"
+	"github.com/titan-go/titan/internal/parallel/pipeline"
+)
+
+// Breakdown is one step of the busiest rank, in seconds, by part.
+type Breakdown struct {
+	// Matmul, Attention and Elementwise are the compute of every
+	// microbatch's forward and backward; Float8 casts count as
+	// element-wise. Recompute is what activation checkpointing computes
+	// again.
+	Matmul, Attention, Elementwise, Recompute float64 `json:"-"`
+	// TP and CP are the tensor- and context-parallel communication on
+	// the critical path (after the overlap they get), PP the
+	// point-to-point transfers' latency within the pipeline makespan.
+	TP, CP float64 `json:"-"`
+	// Bubble is the pipeline's idle time on the busiest rank (the
+	// schedule's simulation).
+	Bubble float64 `json:"-"`
+	// FSDP and DP are the exposed FSDP all-gathers/reduce-scatters and
+	// data-parallel (replicate) all-reduces; FSDPTotal and DPTotal their
+	// whole time before overlap.
+	FSDP, DP, FSDPTotal, DPTotal float64 `json:"-"`
+	// Optimizer is the AdamW update and gradient clipping.
+	Optimizer float64 `json:"-"`
+	// Step is the whole step.
+	Step float64 `json:"-"`
+}
+
+// parts lists the breakdown's named parts (Step excluded).
+func (b Breakdown) parts() []namedTime {
+	return []namedTime{
+		{"matmul", b.Matmul}, {"attention", b.Attention}, {"elementwise", b.Elementwise}, {"recompute (activation checkpointing)", b.Recompute},
+		{"tp comm (exposed)", b.TP}, {"cp comm (exposed)", b.CP}, {"pipeline bubble", b.Bubble},
+		{"fsdp comm (exposed)", b.FSDP}, {"dp all-reduce (exposed)", b.DP}, {"optimizer", b.Optimizer},
+	}
+}
+
+type namedTime struct {
+	Name    string  `json:"name"`
+	Seconds float64 `json:"seconds"`
+}
+
+// Prediction is the predicted memory and speed of a job on a cluster.
+type Prediction struct {
+	Job     Job
+	Cluster cluster.Cluster
+	Runtime Runtime
+	// Memory is memplan's estimate of the busiest rank; MemoryBytes the
+	// device memory predicted from it (× the calibration's factor, plus
+	// its base), Capacity the device's memory.
+	Memory      memplan.Report
+	MemoryBytes float64
+	Capacity    float64
+	// Step is the step's breakdown.
+	Step Breakdown
+	// Microbatches and BubbleFraction describe the pipeline (1 and 0
+	// without one); BubbleFraction is the simulated schedule's.
+	Microbatches   int
+	BubbleFraction float64
+	// TokensPerDevice is tokens/s per rank, MFU the model FLOPs
+	// (torchtitan's count, llama.Config.FLOPsPerToken) per second as a
+	// fraction of the device's peak (bf16; fp32 on a CPU).
+	TokensPerDevice, MFU float64
+}
+
+// Fits reports whether the predicted memory fits the device.
+func (p Prediction) Fits() bool { return p.MemoryBytes <= p.Capacity }
+
+// Element-wise traffic, in elements per token and layer of the forward
+// pass (the backward moves twice as much), counted from the operations
+// of a Llama layer: fused kernels read and write each operand once (an
+// RMSNorm reads x and writes y, the residual adds read two and write
+// one, RoPE rewrites q and k, SwiGLU reads the two projections and
+// writes their product); PyTorch eager runs each primitive of those as
+// its own kernel (RMSNorm's cast, square, mean, rsqrt, two products and
+// cast back; RoPE's complex view, product and cast; SiLU then product;
+// the transposes around attention).
+func ewElements(c llama.Config, fused bool) float64 {
+	D, F := float64(c.Dim), float64(c.FFNHidden())
+	Q, KV := float64(c.NHeads*c.HeadDim()), float64(c.KVHeads()*c.HeadDim())
+	if fused {
+		return 4*D + 6*D + 2*(Q+KV) + 3*F
+	}
+	return 20*D + 6*D + 6*(Q+KV) + 2*(Q+2*KV) + 5*F
+}
+
+// lossBytes is the traffic of the loss per token and vocabulary column,
+// forward and backward together: fused (titan's chunked cross entropy, a
+// compiled loss) reads the logits twice and writes their gradient in
+// float32; eager PyTorch also casts them to float32, takes the log-softmax
+// in separate passes and casts the gradient back.
+func lossBytes(fused bool) float64 {
+	if fused {
+		return 12
+	}
+	return 40
+}
+
+// attentionFLOPs is the forward FLOPs of causal attention for n query
+// tokens of a sequence of T: the scores and the weighted sum, each 2·T·q
+// per token over the half of the keys causality leaves.
+func attentionFLOPs(c llama.Config, n, T float64) float64 {
+	return 2 * n * T * float64(c.NHeads*c.HeadDim())
+}
+
+// attentionBackward is the backward's cost relative to the forward
+// (flash attention's five products against two).
+const attentionBackward = 2.5
+
+// optimizerAccesses is the float32 elements AdamW and gradient clipping
+// read and write per parameter of the shard: p, g, m, v read and p, m, v
+// written by the update, the gradient read for its norm and rewritten
+// when clipped.
+const optimizerAccesses = 10
+
+// rates are one rank's throughputs.
+type rates struct {
+	mm, fp8, attn, ew float64 // FLOP/s, FLOP/s, FLOP/s, bytes/s
+}
+
+func ratesOf(c cluster.Cluster, cal Calibration, rt Runtime) rates {
+	peak := c.Device.PeakBF16
+	if c.CPU() {
+		peak = c.Device.PeakFP32
+	}
+	share := float64(max(rt.Shared, 1))
+	return rates{
+		mm:   cal.Matmul * peak / share,
+		fp8:  cal.MatmulFP8 * c.Device.PeakFP8 / share,
+		attn: cal.Attention * peak / share,
+		ew:   cal.Elementwise * c.Device.MemoryBandwidth / share,
+	}
+}
+
+// Predict returns the predicted memory and step of job on cluster c (of
+// as many ranks as the job's layout) under calibration cal.
+func Predict(job Job, c cluster.Cluster, cal Calibration) (Prediction, error) {
+	return predict(job, c, cal, false)
+}
+
+// predict is Predict; onlyFitting skips the step of a job that does
+// not fit (its Step is then zero).
+func predict(job Job, c cluster.Cluster, cal Calibration, onlyFitting bool) (Prediction, error) {
+	if err := cal.Validate(); err != nil {
+		return Prediction{}, err
+	}
+	l := job.Layout
+	c, err := c.WithWorld(l.World())
+	if err != nil {
+		return Prediction{}, err
+	}
+	if l.Float8 && (c.Device.PeakFP8 <= 0 || cal.MatmulFP8 <= 0) {
+		return Prediction{}, fmt.Errorf("plan: float8 on %s: the device has no float8 peak (peak_fp8_flops) or the calibration no matmul_fp8_efficiency", c.Name)
+	}
+	if c.CPU() && (l.Float8 || l.Compile || l.AsyncTP) {
+		return Prediction{}, fmt.Errorf("plan: float8, compile and async TP are GPU options (cluster %s is a CPU host)", c.Name)
+	}
+	rt := RuntimeOf(c, l)
+	mp, err := job.MemPlan(rt)
+	if err != nil {
+		return Prediction{}, err
+	}
+	mem, err := memplan.Estimate(mp)
+	if err != nil {
+		return Prediction{}, err
+	}
+	pred := Prediction{Job: job, Cluster: c, Runtime: rt, Memory: mem, Capacity: c.Device.MemoryBytes,
+		MemoryBytes: cal.MemoryFactor*float64(mem.Total()) + cal.MemoryBase}
+	if onlyFitting && !pred.Fits() {
+		return pred, nil
+	}
+	step, sim, err := stepTime(job, mp, c, cal, rt)
+	if err != nil {
+		return Prediction{}, err
+	}
+	pred.Step = step
+	pred.Microbatches, pred.BubbleFraction = sim.Schedule.Microbatches, sim.Bubble
+	d := l.Degrees
+	tokens := float64(l.LocalBatch*l.SeqLen) / float64(d.TP*d.CP*d.PP)
+	pred.TokensPerDevice = tokens / step.Step
+	peak := c.Device.PeakBF16
+	if c.CPU() {
+		peak = c.Device.PeakFP32
+	}
+	pred.MFU = job.Model.FLOPsPerToken(l.SeqLen) * pred.TokensPerDevice / peak
+	return pred, nil
+}
+
+// rankShare is what the busiest pipeline rank holds: its layers, whether
+// it has the embedding and the head, its stages and its parameters.
+type rankShare struct {
+	layers      int
+	embed, head bool
+	stages      int
+	params      float64 // elements of its (tp-sharded) units
+	firstUnit   float64 // elements of its first unit
+}
+
+// stepTime is the step's breakdown and the pipeline's simulation.
+func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt Runtime) (Breakdown, pipeline.Timeline, error) {
+	l := job.Layout
+	cfg := job.Model
+	d := l.Degrees
+	r := ratesOf(c, cal, rt)
+	cb := 4.0
+	if rt.Precision.Compute > 0 {
+		cb = float64(rt.Precision.Compute)
+	}
+	D, V := float64(cfg.Dim), float64(cfg.VocabSize)
+	F := float64(cfg.FFNHidden())
+	Q, KV := float64(cfg.NHeads*cfg.HeadDim()), float64(cfg.KVHeads()*cfg.HeadDim())
+	tp, cp := float64(d.TP), float64(d.CP)
+	T := float64(l.SeqLen)
+	layerW := Q*D + 2*KV*D + D*Q + 3*F*D
+
+	// The pipeline: titan's planner and schedule.
+	sched, share, err := busiest(job, mp)
+	if err != nil {
+		return Breakdown{}, pipeline.Timeline{}, err
+	}
+	rows := l.LocalBatch
+	if d.PP > 1 {
+		rows = max(l.MicrobatchRows, 1)
+	}
+	N := float64(rows) * T / cp // tokens of a microbatch on this cp rank
+	L := float64(share.layers)
+
+	// Compute of one microbatch through the rank's stages, forward.
+	linear := 2 * N * L * layerW / tp
+	headMM := 0.0
+	if share.head {
+		headMM = 2 * N * V * D / tp
+	}
+	attn := L * attentionFLOPs(cfg, N, T) / tp
+	// The loss's traffic is a third forward, two thirds backward.
+	ew := ewLayers(L, N, cfg, rt, cb, tp) + embedBwd(share, N, D, cb) + lossShare(share, N, V, tp, rt)
+	mmTime := func(flops float64) float64 { return flops / r.mm }
+	linTime := mmTime
+	castBytes := 0.0
+	if l.Float8 {
+		linTime = func(flops float64) float64 { return flops / r.fp8 }
+		per := cb + 1
+		if !rt.Fused {
+			per = 2*cb + 1
+		}
+		castBytes = L * N / tp * per
+	}
+	fwdCast := castBytes * (2*D + Q + F)
+	bwdCast := castBytes * (2*D + Q + 2*KV + 2*F)
+	fMM := linTime(linear) + mmTime(headMM)
+	fAttn := attn / r.attn
+	fEW := (ew + fwdCast) / r.ew
+	// Backward: products twice the forward, half for the input gradient
+	// and half for the weights; attention attentionBackward times;
+	// element-wise twice (the loss's share above counts its backward).
+	bMM := fMM // input half; the weight half is the same
+	bAttn := attentionBackward * fAttn
+	bEW := (2*ewLayers(L, N, cfg, rt, cb, tp) + embedBwd(share, N, D, cb) + lossBwd(share, N, V, tp, rt) + bwdCast) / r.ew
+	// Recomputation in the backward.
+	recomputed, ops := recompute(l.Checkpoint, share.layers)
+	rMM := linTime(linear) * recomputed / max(L, 1)
+	rAttn := fAttn * recomputed / max(L, 1)
+	rEW := (ewLayers(L, N, cfg, rt, cb, tp) + fwdCast) / r.ew * recomputed / max(L, 1)
+	if ops {
+		rEW = ewLayers(L, N, cfg, rt, cb, tp) / r.ew
+	}
+
+	// Tensor-parallel communication (sequence parallel): per layer two
+	// all-gathers and two reduce-scatters of the microbatch's hidden
+	// states in the forward, as many in the backward and in each
+	// recomputed forward; one more each way around the embedding and
+	// the head.
+	var tpF, tpB float64
+	if d.TP > 1 {
+		// Float8 layers gather their inputs already cast to float8 (one
+		// byte an element); the reduce-scatters stay in bf16.
+		agb := cb
+		if l.Float8 {
+			agb = 1
+		}
+		op := ringTime(c, cal, rt, "all_gather", d.TP, groupLink(c, d, "tp"), N*D*agb)
+		opRS := ringTime(c, cal, rt, "reduce_scatter", d.TP, groupLink(c, d, "tp"), N*D*cb)
+		perLayer := 2*op + 2*opRS
+		extra := 0.0
+		if share.embed {
+			extra += opRS
+		}
+		if share.head {
+			extra += op
+		}
+		tpF = L*perLayer + extra
+		tpB = L*perLayer + extra + recomputed*perLayer
+		if l.AsyncTP && rt.Overlap {
+			// Async TP overlaps each collective with the product next to
+			// it: what is left is the part longer than those products.
+			tpF = math.Max(0, tpF-fMM)
+			tpB = math.Max(0, tpB-(2*bMM+rMM))
+		}
+	}
+	// Context parallel ring attention: cp-1 rotations of the key/value
+	// shards in the forward, of them and their gradients in the
+	// backward, each layer; overlapped with the attention blocks on a
+	// GPU.
+	var cpF, cpB float64
+	if d.CP > 1 {
+		link := groupLink(c, d, "cp")
+		kv := 2 * N * KV / tp * cb
+		rot := float64(d.CP-1) * p2pTime(c, cal, rt, link, kv)
+		cpF, cpB = L*rot, L*2*rot+recomputed*rot
+		if rt.Overlap {
+			cpF = math.Max(0, cpF-fAttn)
+			cpB = math.Max(0, cpB-bAttn-rAttn)
+		}
+	}
+	v := float64(share.stages)
+	costF := (fMM + fAttn + fEW + tpF + cpF) / v
+	costB := (bMM + bAttn + bEW + rMM + rAttn + rEW + tpB + cpB) / v
+	costW := bMM / v
+	if l.Checkpoint.Mode != "" && l.Checkpoint.Mode != "none" {
+		// A recomputing model cannot split its backward: a zero-bubble
+		// schedule's BackwardInput runs all of it (llama.Model.CanSplit).
+		costB, costW = costB+costW, 0
+	}
+	lat := 0.0
+	if d.PP > 1 {
+		lat = p2pTime(c, cal, rt, groupLink(c, d, "pp"), N*D/tp*cb)
+	}
+	sim := sched.Simulate(costF, costB, costW, lat)
+	if sim.Err != nil {
+		return Breakdown{}, sim, sim.Err
+	}
+	m := float64(sched.Microbatches)
+	busy := m * v * (costF + costB + costW)
+	var b Breakdown
+	b.Matmul = m * (fMM + 2*bMM)
+	b.Attention = m * (fAttn + bAttn)
+	b.Elementwise = m * (fEW + bEW)
+	b.Recompute = m * (rMM + rAttn + rEW)
+	b.TP = m * (tpF + tpB)
+	b.CP = m * (cpF + cpB)
+	b.Bubble = sim.Makespan - busy
+	if b.Bubble < 0 {
+		b.Bubble = 0
+	}
+
+	// FSDP: all-gather the rank's units (compute precision) in the
+	// forward and, resharded after it, again in the backward (once per
+	// step under a pipeline, which keeps them gathered); reduce-scatter
+	// their float32 gradients once per step.
+	gathers := 2.0
+	if l.Reshard == "never" || d.PP > 1 && l.Reshard != "always" {
+		gathers = 1
+	}
+	shard, repl := d.ShardGroup(), d.ReplicateGroup()
+	if shard > 1 {
+		link := groupLink(c, d, "dp_shard")
+		ag := ringTime(c, cal, rt, "all_gather", shard, link, share.params*cb)
+		rs := ringTime(c, cal, rt, "reduce_scatter", shard, link, share.params*4)
+		b.FSDPTotal = gathers*ag + rs
+		first := share.firstUnit / share.params
+		b.FSDP = b.FSDPTotal
+		if rt.Overlap {
+			// The first unit's gather and the last reduce-scatter wait;
+			// the rest runs beside the compute.
+			b.FSDP = first*(ag+rs) + math.Max(0, b.FSDPTotal*(1-first)-busy)
+		}
+	}
+	if repl > 1 {
+		b.DPTotal = ringTime(c, cal, rt, "allreduce", repl, groupLink(c, d, "dp_replicate"), share.params/float64(shard)*4)
+		b.DP = b.DPTotal
+		if rt.Overlap {
+			b.DP = math.Max(0, b.DPTotal-math.Max(0, busy-b.FSDPTotal))
+		}
+	}
+	b.Optimizer = share.params / float64(shard) * 4 * optimizerAccesses / r.ew
+	b.Step = sim.Makespan + b.FSDP + b.DP + b.Optimizer
+	return b, sim, nil
+}
+
+// lossShare is the loss's forward traffic (bytes) of a microbatch.
+func lossShare(s rankShare, N, V, tp float64, rt Runtime) float64 {
+	if !s.head {
+		return 0
+	}
+	return N * V / tp * lossBytes(rt.Fused) / 3
+}
+
+// lossBwd is the loss's backward traffic (bytes) of a microbatch.
+func lossBwd(s rankShare, N, V, tp float64, rt Runtime) float64 {
+	return 2 * lossShare(s, N, V, tp, rt)
+}
+
+// embedBwd is the embedding's traffic, forward (the lookup) or backward
+// (its gradient) alike.
+func embedBwd(s rankShare, N, D, cb float64) float64 {
+	if !s.embed {
+		return 0
+	}
+	return 2 * N * D * cb
+}
+
+// ewLayers is the layers' forward element-wise traffic (bytes).
+func ewLayers(L, N float64, c llama.Config, rt Runtime, cb, tp float64) float64 {
+	return L * N * ewElements(c, rt.Fused) * cb / tp
+}
+
+// recompute returns how many of n layers the policy recomputes whole,
+// and whether it recomputes the element-wise operations of every layer.
+func recompute(ac memplan.Checkpoint, n int) (layers float64, ops bool) {
+	switch ac.Mode {
+	case "full":
+		return float64(n), false
+	case "selective":
+		if ac.Option == "op" {
+			return 0, true
+		}
+		if every, err := strconv.Atoi(ac.Option); err == nil && every > 0 {
+			return float64(n / every), false
+		}
+	}
+	return 0, false
+}
+
+// busiest resolves the pipeline and returns its schedule and the share
+// of the rank with the most work.
+func busiest(job Job, mp memplan.Plan) (pipeline.Schedule, rankShare, error) {
+	cfg := job.Model
+	tp := int64(job.Layout.Degrees.TP)
+	D, V := int64(cfg.Dim), int64(cfg.VocabSize)
+	Q, KV, F := int64(cfg.NHeads*cfg.HeadDim()), int64(cfg.KVHeads()*cfg.HeadDim()), int64(cfg.FFNHidden())
+	embed := (V*D + tp - 1) / tp
+	layer := 2*D + (Q*D+2*KV*D+D*Q+3*F*D+tp-1)/tp
+	head := D + embed
+	pp, err := mp.ResolvePipeline()
+	if err != nil {
+		return pipeline.Schedule{}, rankShare{}, err
+	}
+	if job.Layout.Degrees.PP <= 1 {
+		return pp.Schedule, rankShare{layers: cfg.NLayers, embed: true, head: true, stages: 1,
+			params: float64(embed + int64(cfg.NLayers)*layer + head), firstUnit: float64(embed)}, nil
+	}
+	var best rankShare
+	bestWork := -1.0
+	for rank := range pp.Schedule.PP {
+		var s rankShare
+		for i, st := range pp.Schedule.Stages(rank) {
+			spec := pp.Stages[st]
+			s.stages++
+			s.layers += spec.NumLayers
+			if spec.Embedding {
+				s.embed = true
+				s.params += float64(embed)
+			}
+			if spec.Head {
+				s.head = true
+				s.params += float64(head)
+			}
+			s.params += float64(int64(spec.NumLayers) * layer)
+			if i == 0 {
+				s.firstUnit = float64(layer)
+				if spec.Embedding {
+					s.firstUnit = float64(embed)
+				}
+			}
+		}
+		// Work: layers plus the head's product in layer equivalents.
+		work := float64(s.layers)
+		if s.head {
+			work += float64(head) / float64(layer)
+		}
+		if work > bestWork {
+			best, bestWork = s, work
+		}
+	}
+	return pp.Schedule, best, nil
+}
+
+// groupLink is the link a parallel dimension's collectives cross: the
+// mesh is [pp, dp_replicate, dp_shard, cp, tp] with tp innermost, so a
+// dimension's group stays in a node when its span (its degree times the
+// degrees inside it) fits a node's devices.
+func groupLink(c cluster.Cluster, d memplan.Degrees, dim string) cluster.Link {
+	// The outermost span each group reaches: FSDP's group is dp_shard ×
+	// cp, the replicate group dp_replicate (× cp without dp_shard).
+	span := map[string]int{
+		"tp": d.TP, "cp": d.TP * d.CP, "dp_shard": d.TP * d.CP * d.DPShard,
+		"dp_replicate": d.TP * d.CP * d.DPShard * d.DPReplicate, "pp": d.World(),
+	}[dim]
+	if span <= c.DevicesPerNode {
+		return c.Intra
+	}
+	return c.Inter
+}
+
+// ringTime is the time of a collective of size bytes (nccl-tests size)
+// over n ranks: measured fits on a CPU host, else the ring algorithm
+// over link at the calibrated efficiency.
+func ringTime(c cluster.Cluster, cal Calibration, rt Runtime, op string, n int, link cluster.Link, size float64) float64 {
+	if n <= 1 {
+		return 0
+	}
+	if t, ok := cal.collective(op, n, size); ok && c.CPU() {
+		return t
+	}
+	steps := float64(n - 1)
+	f := steps / float64(n)
+	if op == "allreduce" {
+		f, steps = 2*f, 2*steps
+	}
+	return f*size/(link.Bandwidth*cal.Comm) + steps*link.Latency
+}
+
+// p2pTime is the time of sending size bytes to one peer (and receiving
+// as many): on a CPU host, an all_gather of two processes of 2·size
+// bytes moves the same; on a GPU, size over the link.
+func p2pTime(c cluster.Cluster, cal Calibration, rt Runtime, link cluster.Link, size float64) float64 {
+	if t, ok := cal.collective("all_gather", 2, 2*size); ok && c.CPU() {
+		return t
+	}
+	return size/(link.Bandwidth*cal.Comm) + link.Latency
+}

@@ -1,0 +1,190 @@
+package plan
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/titan-go/titan/internal/cluster"
+	"github.com/titan-go/titan/internal/memplan"
+	"github.com/titan-go/titan/internal/model/llama"
+)
+
+// Published is one row of torchtitan's published H100 benchmarks
+// (benchmarks/llama3_h100_202412_torchtitan.md; docs/reference/
+// torchtitan.md §4.2): a job on the benchmark's machine and the tokens/s
+// per GPU and peak memory torchtitan measured.
+type Published struct {
+	Table  string
+	Name   string
+	Job    Job
+	TPS    float64 // tokens/s per GPU
+	MemGiB float64
+	// Note says where titan's layout differs from torchtitan's.
+	Note string
+}
+
+// ReferenceCluster is the machine of the published tables.
+const ReferenceCluster = "h100-grandteton"
+
+// ReferenceRow is the row calibrations for GPUs come from: Llama 3.1 8B
+// on 8 H100s with FSDP (table 1, no compile, no float8).
+const ReferenceRow = "8B FSDP8"
+
+// GPU priors: the efficiencies the published rows cannot tell apart from
+// the matmul efficiency, fixed before any row is looked at. Attention
+// (flash attention's causal FLOPs) runs at attentionRel of the matmul
+// efficiency, float8 products at fp8Rel of it (of the float8 peak),
+// element-wise kernels at gpuElementwise of the memory bandwidth and
+// collectives at gpuComm of the link bandwidth (NCCL's bus bandwidth
+// against NVLink's and a NIC's line rate).
+const (
+	attentionRel   = 0.6
+	fp8Rel         = 0.75
+	gpuElementwise = 0.7
+	gpuComm        = 0.8
+)
+
+func flavor(name string, seq int) llama.Config {
+	c, err := llama.Flavor(name)
+	if err != nil {
+		panic(err)
+	}
+	c.MaxSeqLen = max(c.MaxSeqLen, seq) // the CP rows train past the flavor's 128K
+	return c
+}
+
+// PublishedRows returns every row of the published H100 tables.
+func PublishedRows() []Published {
+	sac := memplan.Checkpoint{Mode: "selective", Option: "op"}
+	full := memplan.Checkpoint{Mode: "full"}
+	job := func(fl string, d memplan.Degrees, lbs, seq int, ac memplan.Checkpoint, opts ...string) Job {
+		l := Layout{Degrees: d, LocalBatch: lbs, SeqLen: seq, Checkpoint: ac, Reshard: "default", Schedule: "1F1B", MicrobatchRows: 1, FirstLessLayers: 1, LastLessLayers: 1}
+		for _, o := range opts {
+			switch o {
+			case "compile":
+				l.Compile = true
+			case "float8":
+				l.Float8 = true
+			case "asynctp":
+				l.AsyncTP = true
+			case "interleaved":
+				l.Schedule = "Interleaved1F1B"
+			}
+		}
+		return Job{Flavor: fl, Model: flavor(fl, seq), Layout: l}
+	}
+	deg := func(pp, shard, cp, tp int) memplan.Degrees {
+		return memplan.Degrees{PP: pp, DPReplicate: 1, DPShard: shard, CP: cp, TP: tp}
+	}
+	return []Published{
+		{"1", ReferenceRow, job("8B", deg(1, 8, 1, 1), 2, 8192, sac), 5762, 82.4, "calibration row"},
+		{"1", "8B FSDP8 +compile", job("8B", deg(1, 8, 1, 1), 2, 8192, sac, "compile"), 6667, 77.0, ""},
+		{"1", "8B FSDP8 +compile +float8", job("8B", deg(1, 8, 1, 1), 2, 8192, sac, "compile", "float8"), 8532, 76.8, ""},
+		{"2", "8B FSDP8 CP1 32K", job("8B", deg(1, 8, 1, 1), 1, 32768, full, "compile", "float8"), 3890, 83.9, ""},
+		{"2", "8B FSDP4 CP2 64K", job("8B", deg(1, 4, 2, 1), 1, 65536, full, "compile", "float8"), 2540, 84.2, ""},
+		{"2", "8B FSDP2 CP4 128K", job("8B", deg(1, 2, 4, 1), 1, 131072, full, "compile", "float8"), 1071, 84.0, ""},
+		{"2", "8B FSDP1 CP8 256K", job("8B", deg(1, 1, 8, 1), 1, 262144, full, "compile", "float8"), 548, 84.5,
+			"torchtitan shards over cp alone; titan shards over dp_shard × cp only with dp_shard > 1, so this layout replicates"},
+		{"3", "8B FSDP128", job("8B", deg(1, 128, 1, 1), 2, 8192, sac), 5605, 67.0, ""},
+		{"3", "8B FSDP128 +compile", job("8B", deg(1, 128, 1, 1), 2, 8192, sac, "compile"), 6514, 62.0, ""},
+		{"3", "8B FSDP128 +compile +float8", job("8B", deg(1, 128, 1, 1), 2, 8192, sac, "compile", "float8"), 8380, 61.8, ""},
+		{"4", "70B FSDP32 TP8", job("70B", deg(1, 32, 1, 8), 16, 8192, full, "compile", "float8"), 829, 71.9, ""},
+		{"4", "70B FSDP32 TP8 +asyncTP", job("70B", deg(1, 32, 1, 8), 16, 8192, full, "compile", "float8", "asynctp"), 876, 67.6, ""},
+		{"5", "405B PP8 FSDP8 TP8 1F1B", job("405B", deg(8, 8, 1, 8), 32, 8192, full, "compile", "float8", "asynctp"), 100, 82.5, ""},
+		{"5", "405B PP8 FSDP8 TP8 Interleaved1F1B", job("405B", deg(8, 8, 1, 8), 32, 8192, full, "compile", "float8", "asynctp", "interleaved"), 128, 72.7, ""},
+		{"6", "405B FSDP8 CP1 32K", job("405B", deg(8, 8, 1, 8), 8, 32768, full, "compile", "float8", "asynctp"), 76, 75.3, ""},
+		{"6", "405B FSDP4 CP2 64K", job("405B", deg(8, 4, 2, 8), 8, 65536, full, "compile", "float8", "asynctp"), 47, 75.9, ""},
+		{"6", "405B FSDP2 CP4 128K", job("405B", deg(8, 2, 4, 8), 8, 131072, full, "compile", "float8", "asynctp"), 31, 77.1, ""},
+		{"6", "405B FSDP1 CP8 256K", job("405B", deg(8, 1, 8, 8), 8, 262144, full, "compile", "float8", "asynctp"), 16, 84.9,
+			"torchtitan shards over cp alone; titan replicates over cp without dp_shard"},
+	}
+}
+
+// CalibrateGPU derives a GPU calibration from the reference row alone:
+// the matmul efficiency that makes the predicted tokens/s equal the
+// published one and the memory factor that makes the predicted memory
+// equal the published peak, the other efficiencies set from it by the
+// priors above.
+func CalibrateGPU(c cluster.Cluster) (Calibration, error) {
+	var ref Published
+	for _, r := range PublishedRows() {
+		if r.Name == ReferenceRow {
+			ref = r
+		}
+	}
+	cal := func(mm float64) Calibration {
+		return Calibration{
+			Source:  fmt.Sprintf("torchtitan's published %s row (%.0f tokens/s/GPU, %.1f GiB) on %s, priors attention %.2f×matmul, float8 %.2f×matmul, elementwise %.2f, comm %.2f", ref.Name, ref.TPS, ref.MemGiB, ReferenceCluster, attentionRel, fp8Rel, gpuElementwise, gpuComm),
+			Cluster: c.Name, Matmul: mm, MatmulFP8: fp8Rel * mm, Attention: attentionRel * mm,
+			Elementwise: gpuElementwise, Comm: gpuComm, MemoryFactor: 1,
+		}
+	}
+	refCluster, err := cluster.Load(ReferenceCluster)
+	if err != nil {
+		return Calibration{}, err
+	}
+	tps := func(mm float64) (float64, Prediction, error) {
+		p, err := Predict(ref.Job, refCluster, cal(mm))
+		return p.TokensPerDevice, p, err
+	}
+	// Tokens/s grows with the matmul efficiency: bisect.
+	lo, hi := 0.01, 1.0
+	if t, _, err := tps(hi); err != nil {
+		return Calibration{}, err
+	} else if t < ref.TPS {
+		return Calibration{}, fmt.Errorf("plan: %s cannot reach %.0f tokens/s even at full matmul efficiency (%.0f)", ref.Name, ref.TPS, t)
+	}
+	for range 60 {
+		mid := (lo + hi) / 2
+		t, _, err := tps(mid)
+		if err != nil {
+			return Calibration{}, err
+		}
+		if t < ref.TPS {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	out := cal((lo + hi) / 2)
+	_, p, err := tps(out.Matmul)
+	if err != nil {
+		return Calibration{}, err
+	}
+	out.MemoryFactor = ref.MemGiB * (1 << 30) / float64(p.Memory.Total())
+	return out, nil
+}
+
+// RowResult is a published row against its prediction.
+type RowResult struct {
+	Row        Published
+	Prediction Prediction
+	// TPSErr and MemErr are (predicted - published) / published.
+	TPSErr, MemErr float64
+}
+
+// CompareReference predicts every published row with the calibration
+// from the reference row.
+func CompareReference() ([]RowResult, Calibration, error) {
+	c, err := cluster.Load(ReferenceCluster)
+	if err != nil {
+		return nil, Calibration{}, err
+	}
+	cal, err := CalibrateGPU(c)
+	if err != nil {
+		return nil, Calibration{}, err
+	}
+	var out []RowResult
+	for _, r := range PublishedRows() {
+		p, err := Predict(r.Job, c, cal)
+		if err != nil {
+			return nil, cal, fmt.Errorf("plan: row %q: %w", r.Name, err)
+		}
+		out = append(out, RowResult{Row: r, Prediction: p,
+			TPSErr: p.TokensPerDevice/r.TPS - 1, MemErr: p.MemoryBytes/(r.MemGiB*(1<<30)) - 1})
+	}
+	return out, cal, nil
+}
+
+// worstErr is the largest |error| of a result.
+func (r RowResult) worstErr() float64 { return math.Max(math.Abs(r.TPSErr), math.Abs(r.MemErr)) }

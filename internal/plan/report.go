@@ -1,0 +1,177 @@
+package plan
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/titan-go/titan/internal/memplan"
+)
+
+// JSONPrediction is a prediction as --json writes it.
+type JSONPrediction struct {
+	Flavor  string `json:"flavor"`
+	Layout  string `json:"layout"`
+	Cluster string `json:"cluster"`
+	World   int    `json:"world"`
+	Degrees struct {
+		PP          int `json:"pp"`
+		DPReplicate int `json:"dp_replicate"`
+		DPShard     int `json:"dp_shard"`
+		CP          int `json:"cp"`
+		TP          int `json:"tp"`
+	} `json:"degrees"`
+	Schedule       string `json:"schedule,omitempty"`
+	Microbatches   int    `json:"microbatches"`
+	MicrobatchRows int    `json:"microbatch_rows,omitempty"`
+	LocalBatch     int    `json:"local_batch"`
+	SeqLen         int    `json:"seq_len"`
+	Checkpoint     string `json:"activation_checkpoint"`
+	Memory         struct {
+		Params      int64   `json:"params"`
+		Grads       int64   `json:"grads"`
+		Optimizer   int64   `json:"optimizer"`
+		FSDPBuffers int64   `json:"fsdp_buffers"`
+		Activations int64   `json:"activations"`
+		Comm        int64   `json:"comm"`
+		Total       int64   `json:"memplan_total"`
+		Predicted   float64 `json:"predicted"`
+		Capacity    float64 `json:"capacity"`
+		Fits        bool    `json:"fits"`
+	} `json:"memory_bytes"`
+	Step            []namedTime `json:"step_seconds"`
+	StepTotal       float64     `json:"step_total_seconds"`
+	FSDPTotal       float64     `json:"fsdp_comm_total_seconds"`
+	DPTotal         float64     `json:"dp_comm_total_seconds"`
+	BubbleFraction  float64     `json:"bubble_fraction"`
+	TokensPerDevice float64     `json:"tokens_per_sec_per_device"`
+	MFU             float64     `json:"mfu"`
+	Why             string      `json:"why_slower,omitempty"`
+}
+
+// JSON returns the prediction's --json form.
+func (p Prediction) JSON() JSONPrediction {
+	l := p.Job.Layout
+	var j JSONPrediction
+	j.Flavor, j.Layout, j.Cluster, j.World = p.Job.Flavor, l.String(), p.Cluster.Name, l.World()
+	d := l.Degrees
+	j.Degrees.PP, j.Degrees.DPReplicate, j.Degrees.DPShard, j.Degrees.CP, j.Degrees.TP = d.PP, d.DPReplicate, d.DPShard, d.CP, d.TP
+	if d.PP > 1 {
+		j.Schedule, j.MicrobatchRows = l.Schedule, l.MicrobatchRows
+	}
+	j.Microbatches, j.LocalBatch, j.SeqLen, j.Checkpoint = p.Microbatches, l.LocalBatch, l.SeqLen, l.Checkpoint.String()
+	m := p.Memory
+	j.Memory.Params, j.Memory.Grads, j.Memory.Optimizer = m.Params, m.Grads, m.Optimizer
+	j.Memory.FSDPBuffers, j.Memory.Activations, j.Memory.Comm, j.Memory.Total = m.FSDPBuffers, m.Activations, m.Comm, m.Total()
+	j.Memory.Predicted, j.Memory.Capacity, j.Memory.Fits = p.MemoryBytes, p.Capacity, p.Fits()
+	j.Step, j.StepTotal, j.FSDPTotal, j.DPTotal = p.Step.parts(), p.Step.Step, p.Step.FSDPTotal, p.Step.DPTotal
+	j.BubbleFraction, j.TokensPerDevice, j.MFU = p.BubbleFraction, p.TokensPerDevice, p.MFU
+	return j
+}
+
+// WriteJSON writes v indented.
+func WriteJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// WriteTable writes the prediction with its memory and step breakdowns.
+func WriteTable(w io.Writer, p Prediction, cal Calibration) {
+	l := p.Job.Layout
+	fmt.Fprintf(w, "llama3 %s on %d × %s (%s)\n", p.Job.Flavor, l.World(), p.Cluster.Device.Model, p.Cluster.Name)
+	fmt.Fprintf(w, "layout: %s, seq %d\n", l, l.SeqLen)
+	fmt.Fprintf(w, "calibration: %s\n\n", cal.Source)
+	fmt.Fprintf(w, "memory per rank (busiest)\n")
+	m := p.Memory
+	for _, x := range []struct {
+		n string
+		v int64
+	}{{"parameters", m.Params}, {"gradients", m.Grads}, {"optimizer state", m.Optimizer}, {"FSDP unit buffers", m.FSDPBuffers}, {"activations", m.Activations}, {"communication buffers", m.Comm}, {"memplan total", m.Total()}} {
+		fmt.Fprintf(w, "  %-36s %12s\n", x.n, memplan.Human(x.v))
+	}
+	fits := "fits"
+	if !p.Fits() {
+		fits = "DOES NOT FIT"
+	}
+	fmt.Fprintf(w, "  %-36s %12s  of %s: %s\n", fmt.Sprintf("device (×%.3g + %s)", cal.MemoryFactor, memplan.Human(int64(cal.MemoryBase))), memplan.Human(int64(p.MemoryBytes)), memplan.Human(int64(p.Capacity)), fits)
+	fmt.Fprintf(w, "step time (busiest rank)\n")
+	for _, x := range p.Step.parts() {
+		if x.Seconds == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "  %-36s %12s  %5.1f%%\n", x.Name, seconds(x.Seconds), 100*x.Seconds/p.Step.Step)
+	}
+	fmt.Fprintf(w, "  %-36s %12s\n", "step", seconds(p.Step.Step))
+	if l.Degrees.ShardGroup() > 1 || l.Degrees.ReplicateGroup() > 1 {
+		fmt.Fprintf(w, "data-parallel communication before overlap: FSDP %s, all-reduce %s\n", seconds(p.Step.FSDPTotal), seconds(p.Step.DPTotal))
+	}
+	if l.Degrees.PP > 1 {
+		fmt.Fprintf(w, "pipeline: %s over %d microbatches of %d, simulated bubble %.1f%%\n", l.Schedule, p.Microbatches, l.MicrobatchRows, 100*p.BubbleFraction)
+	}
+	fmt.Fprintf(w, "tokens/s per device %.4g, MFU %.1f%%\n", p.TokensPerDevice, 100*p.MFU)
+}
+
+// WriteSearch writes a search's top layouts.
+func WriteSearch(w io.Writer, r SearchResult, cal Calibration) {
+	if len(r.Top) == 0 {
+		return
+	}
+	p0 := r.Top[0].Prediction
+	fmt.Fprintf(w, "llama3 %s on %d × %s (%s), global batch %d × seq %d: %d layouts predicted, %d fit\n",
+		p0.Job.Flavor, p0.Job.Layout.World(), p0.Cluster.Device.Model, p0.Cluster.Name, r.GlobalBatch, p0.Job.Layout.SeqLen, r.Tried, r.Fit)
+	fmt.Fprintf(w, "calibration: %s\n\n", cal.Source)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "#\tlayout\ttokens/s/dev\tMFU\tmemory\tstep\tbubble\twhy slower than #1\n")
+	for i, c := range r.Top {
+		p := c.Prediction
+		fmt.Fprintf(tw, "%d\t%s\t%.4g\t%.1f%%\t%s\t%s\t%.1f%%\t%s\n", i+1, p.Job.Layout, p.TokensPerDevice, 100*p.MFU,
+			memplan.Human(int64(p.MemoryBytes)), seconds(p.Step.Step), 100*p.BubbleFraction, c.Why)
+	}
+	if g := r.Given.Prediction; g.Step.Step > 0 {
+		rank := "does not fit"
+		if r.GivenRank > 0 {
+			rank = fmt.Sprintf("#%d", r.GivenRank)
+		}
+		fmt.Fprintf(tw, "given\t%s\t%.4g\t%.1f%%\t%s\t%s\t%.1f%%\t%s: %s\n", g.Job.Layout, g.TokensPerDevice, 100*g.MFU,
+			memplan.Human(int64(g.MemoryBytes)), seconds(g.Step.Step), 100*g.BubbleFraction, rank, r.Given.Why)
+	}
+	tw.Flush()
+}
+
+// WriteReference writes the published rows against their predictions.
+func WriteReference(w io.Writer, rs []RowResult, cal Calibration) {
+	fmt.Fprintf(w, "calibration: %s\n  matmul %.3f, float8 matmul %.3f, attention %.3f, elementwise %.2f, comm %.2f, memory ×%.3f\n\n",
+		cal.Source, cal.Matmul, cal.MatmulFP8, cal.Attention, cal.Elementwise, cal.Comm, cal.MemoryFactor)
+	fmt.Fprintf(w, "| table | row | published tok/s/GPU | predicted | error | published GiB | predicted | error |\n|---|---|--:|--:|--:|--:|--:|--:|\n")
+	for _, r := range rs {
+		note := ""
+		if r.Row.Note != "" {
+			note = " ¹"
+			if r.Row.Note == "calibration row" {
+				note = " (calibration)"
+			}
+		}
+		fmt.Fprintf(w, "| %s | %s%s | %.0f | %.0f | %+.1f%% | %.1f | %.1f | %+.1f%% |\n", r.Row.Table, r.Row.Name, note,
+			r.Row.TPS, r.Prediction.TokensPerDevice, 100*r.TPSErr, r.Row.MemGiB, r.Prediction.MemoryBytes/(1<<30), 100*r.MemErr)
+	}
+	for _, r := range rs {
+		if r.Row.Note != "" && r.Row.Note != "calibration row" {
+			fmt.Fprintf(w, "\n¹ %s: %s.", r.Row.Name, r.Row.Note)
+		}
+	}
+	fmt.Fprintln(w)
+}
+
+// seconds writes a duration in s or ms.
+func seconds(s float64) string {
+	switch {
+	case s >= 1:
+		return fmt.Sprintf("%.3g s", s)
+	case s >= 1e-3:
+		return fmt.Sprintf("%.3g ms", s*1e3)
+	}
+	return strings.TrimSpace(fmt.Sprintf("%.3g µs", s*1e6))
+}

@@ -1,0 +1,221 @@
+package plan
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/titan-go/titan/internal/cluster"
+	"github.com/titan-go/titan/internal/memplan"
+	"github.com/titan-go/titan/internal/model/llama"
+)
+
+// SearchSchedules are the pipeline schedules a search tries.
+var SearchSchedules = []string{"1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"}
+
+// SearchCheckpoints are the activation checkpointing policies a search
+// tries, least recomputation first.
+var SearchCheckpoints = []memplan.Checkpoint{{Mode: "none"}, {Mode: "selective", Option: "op"}, {Mode: "selective", Option: "2"}, {Mode: "full"}}
+
+// Candidate is one layout a search ranked.
+type Candidate struct {
+	Prediction Prediction
+	// Why says what makes it slower than the best (empty for the best).
+	Why string
+}
+
+// SearchResult is a search's outcome.
+type SearchResult struct {
+	// Top are the fastest layouts that fit, fastest first.
+	Top []Candidate
+	// Tried counts the layouts predicted, Fit those that fit.
+	Tried, Fit int
+	// GlobalBatch is the sequences per step every layout keeps.
+	GlobalBatch int
+	// Given is the searched job's own layout with why it loses to the
+	// best (Why empty when it is the best), and GivenRank its place
+	// among the layouts that fit (0 when it does not fit or was not
+	// predicted).
+	Given     Candidate
+	GivenRank int
+}
+
+// SearchOptions bound a search.
+type SearchOptions struct {
+	// World is the number of ranks, Top how many layouts to return.
+	World, Top int
+	// MaxTP and MaxCP cap the tensor and context parallel degrees (0: a
+	// node's devices and 8).
+	MaxTP, MaxCP int
+}
+
+// Search enumerates the layouts of base's model on world ranks of c —
+// dp_replicate, dp_shard, tp (within a node), pp with each schedule and
+// microbatch size, cp, and the activation checkpointing policies — that
+// keep base's global batch (local batch × data-parallel ranks) and
+// sequence length, predicts each, and returns the top fastest that fit
+// the device's memory with why each loses to the best. base's kernel
+// options (compile, float8, async TP) apply to all.
+func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (SearchResult, error) {
+	world, top := o.World, max(o.Top, 1)
+	maxTP, maxCP := o.MaxTP, o.MaxCP
+	if maxTP <= 0 {
+		maxTP = c.DevicesPerNode
+	}
+	if maxCP <= 0 {
+		maxCP = 8
+	}
+	c, err := c.WithWorld(world)
+	if err != nil {
+		return SearchResult{}, err
+	}
+	bd := base.Layout.Degrees
+	global := base.Layout.LocalBatch * bd.DPReplicate * bd.DPShard
+	res := SearchResult{GlobalBatch: global}
+	cfg := base.Model
+	var fits []Prediction
+	for _, tp := range powers(min(maxTP, c.DevicesPerNode, world)) {
+		for _, cp := range powers(min(maxCP, world/tp)) {
+			if llama.CheckParallel(cfg, base.Layout.SeqLen, tp, cp) != nil {
+				continue
+			}
+			for _, pp := range divisors(world / (tp * cp)) {
+				if pp > 1 && pp*2 > cfg.NLayers {
+					continue
+				}
+				dp := world / (tp * cp * pp)
+				if global%dp != 0 {
+					continue
+				}
+				lbs := global / dp
+				for _, rep := range divisors(dp) {
+					d := memplan.Degrees{PP: pp, DPReplicate: rep, DPShard: dp / rep, CP: cp, TP: tp}
+					for _, l := range pipelines(base.Layout, d, lbs) {
+						for _, ac := range SearchCheckpoints {
+							l.Checkpoint = ac
+							j := base
+							j.Layout = l
+							p, err := predict(j, c, cal, true)
+							if err != nil {
+								continue
+							}
+							res.Tried++
+							if p.Fits() {
+								fits = append(fits, p)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	res.Fit = len(fits)
+	if len(fits) == 0 {
+		return res, fmt.Errorf("plan: no layout of %s on %d ranks of %s fits in %s per device (tried %d)", base.Flavor, world, c.Name, memplan.Human(int64(c.Device.MemoryBytes)), res.Tried)
+	}
+	sort.SliceStable(fits, func(i, j int) bool { return fits[i].TokensPerDevice > fits[j].TokensPerDevice })
+	if g, err := Predict(base, c, cal); err == nil {
+		res.Given = Candidate{Prediction: g}
+		if g.TokensPerDevice < fits[0].TokensPerDevice {
+			res.Given.Why = WhySlower(g, fits[0])
+		}
+		if g.Fits() {
+			res.GivenRank = 1
+			for _, p := range fits {
+				if p.TokensPerDevice > g.TokensPerDevice {
+					res.GivenRank++
+				}
+			}
+		}
+	}
+	for i, p := range fits {
+		if i == top {
+			break
+		}
+		cand := Candidate{Prediction: p}
+		if i > 0 {
+			cand.Why = WhySlower(p, fits[0])
+		}
+		res.Top = append(res.Top, cand)
+	}
+	return res, nil
+}
+
+// pipelines returns base's layout with degrees d and local batch lbs,
+// once without a pipeline, or with pp > 1 once per schedule and
+// microbatch size the schedule can run.
+func pipelines(base Layout, d memplan.Degrees, lbs int) []Layout {
+	l := base
+	l.Degrees, l.LocalBatch = d, lbs
+	if d.PP == 1 {
+		l.MicrobatchRows = 1
+		return []Layout{l}
+	}
+	var out []Layout
+	for _, s := range SearchSchedules {
+		for _, mb := range divisors(lbs) {
+			m := lbs / mb
+			if m < d.PP || (s == "Interleaved1F1B" && m%d.PP != 0) {
+				continue
+			}
+			l.Schedule, l.MicrobatchRows = s, mb
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// WhySlower explains why p is slower than best: the two parts of the
+// step that cost it most per token, as shares of best's time per token,
+// and its memory when that forced more recomputation.
+func WhySlower(p, best Prediction) string {
+	perTok := func(x Prediction, s float64) float64 {
+		return s / (x.TokensPerDevice * x.Step.Step)
+	}
+	bt := 1 / best.TokensPerDevice
+	type diff struct {
+		name string
+		d    float64
+	}
+	var ds []diff
+	pp, bp := p.Step.parts(), best.Step.parts()
+	for i := range pp {
+		ds = append(ds, diff{pp[i].Name, perTok(p, pp[i].Seconds) - perTok(best, bp[i].Seconds)})
+	}
+	sort.SliceStable(ds, func(i, j int) bool { return ds[i].d > ds[j].d })
+	var why []string
+	for _, x := range ds[:2] {
+		if x.d > 0.005*bt {
+			why = append(why, fmt.Sprintf("%s +%.0f%%", x.name, 100*x.d/bt))
+		}
+	}
+	// And the biggest saving, when it has one.
+	if last := ds[len(ds)-1]; last.d < -0.005*bt {
+		why = append(why, fmt.Sprintf("(saves %s %.0f%%)", last.name, -100*last.d/bt))
+	}
+	s := fmt.Sprintf("%.1f%% slower: ", 100*(1-p.TokensPerDevice/best.TokensPerDevice))
+	if len(why) == 0 {
+		return s + "within rounding of the best"
+	}
+	return s + strings.Join(why, ", ")
+}
+
+// powers returns 1, 2, 4, ... up to n.
+func powers(n int) []int {
+	var out []int
+	for p := 1; p <= n; p *= 2 {
+		out = append(out, p)
+	}
+	return out
+}
+
+// divisors returns the divisors of n in increasing order.
+func divisors(n int) []int {
+	var out []int
+	for i := 1; i <= n; i++ {
+		if n%i == 0 {
+			out = append(out, i)
+		}
+	}
+	return out
+}
