@@ -25,22 +25,25 @@ extern "C" __global__ void swiglu_bwd(float *dgate, float *dup, const float *dou
 #define GELU_K0 0.7978845608028654f // sqrt(2/pi)
 #define GELU_K1 0.044715f
 
+// The tanh form is computed as x sigmoid(2u), u = sqrt(2/pi)(x + 0.044715 x^3)
+// (0.5 (1 + tanh u) = sigmoid(2u)), the CPU backend's formulation.
+
 // gelu_tanh_fwd computes 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 extern "C" __global__ void gelu_tanh_fwd(float *out, const float *inp, long long n) {
 	for (long long i = grid_stride_start(); i < n; i += grid_stride_step()) {
 		float x = inp[i];
-		float t = tanhf(GELU_K0 * (x + GELU_K1 * x * x * x));
-		out[i] = 0.5f * x * (1.0f + t);
+		float s = sigmoidf_(2.0f * GELU_K0 * (x + GELU_K1 * x * x * x));
+		out[i] = x * s;
 	}
 }
 
-// gelu_tanh_bwd accumulates dinp += dout * gelu'(inp).
+// gelu_tanh_bwd accumulates dinp += dout * gelu'(inp)
+// = dout (s + x s (1 - s) 2 sqrt(2/pi) (1 + 3 0.044715 x^2)).
 extern "C" __global__ void gelu_tanh_bwd(float *dinp, const float *dout, const float *inp, long long n) {
 	for (long long i = grid_stride_start(); i < n; i += grid_stride_step()) {
 		float x = inp[i];
-		float u = GELU_K0 * (x + GELU_K1 * x * x * x);
-		float t = tanhf(u);
-		float du = GELU_K0 * (1.0f + 3.0f * GELU_K1 * x * x);
-		dinp[i] += dout[i] * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+		float s = sigmoidf_(2.0f * GELU_K0 * (x + GELU_K1 * x * x * x));
+		float du = 2.0f * GELU_K0 * (1.0f + 3.0f * GELU_K1 * x * x);
+		dinp[i] += dout[i] * (s + x * s * (1.0f - s) * du);
 	}
 }

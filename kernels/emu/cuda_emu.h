@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -73,7 +74,6 @@ struct Barrier {
 
 struct Fiber {
 	ucontext_t ctx;
-	std::vector<char> stack;
 	uint3 tid;
 	int warp = 0, lane = 0;
 	bool done = false;
@@ -97,6 +97,15 @@ struct Scheduler {
 inline Scheduler *sched = nullptr;
 inline int order = Alternate;
 inline size_t stackBytes = 64 << 10;
+
+// stack returns the i-th fiber stack, kept from launch to launch.
+inline char *stack(int i) {
+	static std::vector<std::unique_ptr<char[]>> stacks;
+	while (int(stacks.size()) <= i) {
+		stacks.emplace_back(new char[stackBytes]);
+	}
+	return stacks[size_t(i)].get();
+}
 
 inline void set_order(int o) { order = o; }
 
@@ -156,10 +165,9 @@ inline void run_block(const std::function<void()> &body, dim3 bd) {
 		f.tid = uint3{unsigned(i % bd.x), unsigned(i / bd.x % bd.y), unsigned(i / (bd.x * bd.y))};
 		f.warp = i / 32;
 		f.lane = i % 32;
-		f.stack.resize(stackBytes);
 		getcontext(&f.ctx);
-		f.ctx.uc_stack.ss_sp = f.stack.data();
-		f.ctx.uc_stack.ss_size = f.stack.size();
+		f.ctx.uc_stack.ss_sp = stack(i);
+		f.ctx.uc_stack.ss_size = stackBytes;
 		f.ctx.uc_link = nullptr;
 		makecontext(&f.ctx, fiber_main, 0);
 	}
