@@ -10,7 +10,7 @@ package cudart
 import "C"
 
 import (
-	"fmt"
+	"strings"
 	"sync"
 	"unsafe"
 )
@@ -47,7 +47,10 @@ func OpenIn(dirs []string, names ...string) (*Library, error) {
 		if e := C.dlerror(); e != nil {
 			reason = C.GoString(e)
 		}
-		tried = append(tried, fmt.Sprintf("%s: %s", p, reason))
+		if !strings.HasPrefix(reason, p+":") {
+			reason = p + ": " + reason
+		}
+		tried = append(tried, reason)
 	}
 	return nil, &LibraryError{Lib: names[0], Tried: tried}
 }

@@ -1,6 +1,7 @@
 package cuda_test
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -13,6 +14,7 @@ import (
 	"github.com/titan-go/titan/internal/backend/cpu"
 	"github.com/titan-go/titan/internal/backend/cuda"
 	"github.com/titan-go/titan/internal/backend/cuda/emu"
+	"github.com/titan-go/titan/internal/cudart"
 	"github.com/titan-go/titan/internal/model/llama"
 	"github.com/titan-go/titan/internal/numeric"
 	"github.com/titan-go/titan/internal/testenv"
@@ -89,6 +91,9 @@ func newPair(t *testing.T) *pair {
 			}
 		}
 	})
+	if errors.Is(emuErr, cudart.ErrNoCgo) {
+		t.Skip("built without cgo: the emulated device needs it")
+	}
 	if emuErr != nil {
 		t.Fatal(emuErr)
 	}
