@@ -21,7 +21,7 @@ Start with the built-in debug recipe, which needs no download:
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newTrainCmd(), newEvalCmd(), newGenerateCmd(), newCheckpointCmd(), newTokenizerCmd(), newConfigCmd(), newBenchCmd(), newRunsCmd(), newPlotCmd(), newDebugCmd(), newAggifyCmd(), newAnalyzeCmd(), newVersionCmd())
+	root.AddCommand(newTrainCmd(), newEvalCmd(), newGenerateCmd(), newCheckpointCmd(), newTokenizerCmd(), newConfigCmd(), newBenchCmd(), newRunsCmd(), newPlotCmd(), newDebugCmd(), newAggifyCmd(), newAnalyzeCmd(), newVersionCmd(), newDevicesCmd())
 	return root
 }
 

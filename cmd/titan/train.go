@@ -120,7 +120,11 @@ for 3 steps in a row.`,
 						threads = w.Threads
 					}
 				}
-				tr, err := train.New(job, cpuDevice(threads), cmd.OutOrStdout(), dist)
+				dev, err := trainDevice(job, threads, dist != nil)
+				if err != nil {
+					return err
+				}
+				tr, err := train.New(job, dev, cmd.OutOrStdout(), dist)
 				if err != nil {
 					return err
 				}
