@@ -15,9 +15,13 @@
 //
 // Scheduling order is selectable (cuda_emu::set_order): forward, reverse or
 // alternating by phase, so that a read of shared memory that lacks its
-// barrier reads stale data under one of the orders. A barrier that some
-// threads never reach while others wait on it (divergent __syncthreads)
-// is reported as a deadlock instead of hanging.
+// barrier reads stale data under one of the orders. Threads that exited
+// no longer count at barriers (as on sm_70 and later). A set of threads
+// that wait on each other at different barriers (a lane in __syncthreads
+// while its warp waits for it in a shuffle) is reported as a deadlock
+// instead of hanging; barriers are counted, not matched by source line,
+// so divergent __syncthreads that happen to balance pass here although
+// CUDA leaves them undefined.
 #ifndef TITAN_CUDA_EMU_H
 #define TITAN_CUDA_EMU_H
 

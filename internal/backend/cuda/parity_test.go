@@ -1,6 +1,7 @@
 package cuda_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -14,6 +15,7 @@ import (
 	"github.com/titan-go/titan/internal/backend/cpu"
 	"github.com/titan-go/titan/internal/backend/cuda"
 	"github.com/titan-go/titan/internal/backend/cuda/emu"
+	"github.com/titan-go/titan/internal/comm"
 	"github.com/titan-go/titan/internal/cudart"
 	"github.com/titan-go/titan/internal/model/llama"
 	"github.com/titan-go/titan/internal/numeric"
@@ -551,4 +553,16 @@ func TestHyenaOps(t *testing.T) {
 	}
 	p.check(t, "ShortConvStep.out", o, 1e-6, loose)
 	p.check(t, "ShortConvStep.state", state, 0, exact)
+}
+
+// TestNCCLNeedsAGPU: an NCCL group over an emulated device is refused.
+func TestNCCLNeedsAGPU(t *testing.T) {
+	if os.Getenv("TITAN_CUDA_PARITY") != "" && os.Getenv("TITAN_CUDA_PARITY") != "emu" {
+		t.Skip("on a GPU")
+	}
+	p := newPair(t)
+	_, err := cuda.NewNCCLGroup(context.Background(), p.g, comm.NewMemStore(), "world", 0, 1)
+	if err == nil || !strings.Contains(err.Error(), "nccl group world: the backend runs on emulator, not a GPU") {
+		t.Fatalf("NewNCCLGroup on the emulator: %v", err)
+	}
 }
