@@ -566,3 +566,76 @@ func TestNCCLNeedsAGPU(t *testing.T) {
 		t.Fatalf("NewNCCLGroup on the emulator: %v", err)
 	}
 }
+
+func TestLongConv(t *testing.T) {
+	p := newPair(t)
+	const B, C, L = 2, 3, 61
+	x, h, dy := p.rand(B*C*L, 1), p.rand(C*L, 0.3), p.rand(B*C*L, 1)
+	y := p.zeros(B * C * L)
+	p.g.CausalConv(y.g, x.g, h.g, B, C, L)
+	p.c.CausalConv(y.c, x.c, h.c, B, C, L)
+	p.check(t, "CausalConv", y, 1e-5, loose)
+	dx, dh := p.rand(B*C*L, 0.1), p.rand(C*L, 0.1)
+	p.g.CausalConvBackward(dx.g, dh.g, dy.g, x.g, h.g, B, C, L)
+	p.c.CausalConvBackward(dx.c, dh.c, dy.c, x.c, h.c, B, C, L)
+	p.check(t, "CausalConvBackward.dx", dx, 1e-5, loose)
+	p.check(t, "CausalConvBackward.dh", dh, 1e-5, loose)
+	p.g.CausalConvBackward(backend.Tensor{}, dh.g, dy.g, x.g, h.g, B, C, L)
+	p.c.CausalConvBackward(backend.Tensor{}, dh.c, dy.c, x.c, h.c, B, C, L)
+	p.check(t, "CausalConvBackward(no dx).dh", dh, 1e-5, loose)
+}
+
+func TestFP8Conversion(t *testing.T) {
+	p := newPair(t)
+	// Every float8 value and the midpoints around it, specials, and
+	// random values over the formats' ranges.
+	var vals []float32
+	for c := 0; c < 256; c++ {
+		for _, v := range []float32{numeric.E4M3ToFloat32(uint8(c)), numeric.E5M2ToFloat32(uint8(c))} {
+			vals = append(vals, v, math.Nextafter32(v, float32(math.Inf(1))), math.Nextafter32(v, float32(math.Inf(-1))), v*1.0625, v*0.96875)
+		}
+	}
+	vals = append(vals, 0, float32(math.Copysign(0, -1)), 1e-45, -1e-40, 449, 464, -480, 57344, 61440, 65536, 1e30,
+		float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()))
+	vals = append(vals, p.randHost(2000, 500)...)
+	src := p.f32(vals)
+	n := len(vals)
+	buf := p.g.AllocBytes(n)
+	defer p.g.FreeBytes(buf)
+	got := make([]byte, n)
+	back := p.g.Alloc(backend.Float32, n)
+	wide := make([]float32, n)
+	for _, tc := range []struct {
+		name   string
+		format int
+		sat    bool
+		to     func(float32) uint8
+		from   func(uint8) float32
+	}{
+		{"e4m3", cuda.E4M3, false, numeric.Float32ToE4M3, numeric.E4M3ToFloat32},
+		{"e4m3 sat", cuda.E4M3, true, numeric.Float32ToE4M3Sat, numeric.E4M3ToFloat32},
+		{"e5m2", cuda.E5M2, false, numeric.Float32ToE5M2, numeric.E5M2ToFloat32},
+		{"e5m2 sat", cuda.E5M2, true, numeric.Float32ToE5M2Sat, numeric.E5M2ToFloat32},
+	} {
+		for _, scale := range []float32{1, 0.25} {
+			p.g.ToFP8(buf, src.g, tc.format, tc.sat, scale)
+			p.g.DownloadBytes(got, buf)
+			bad := 0
+			for i, v := range vals {
+				if want := tc.to(v * scale); got[i] != want && bad < 5 {
+					bad++
+					t.Errorf("%s scale %v: fp8(%v = %#08x) = %#02x, want %#02x", tc.name, scale, v, math.Float32bits(v), got[i], want)
+				}
+			}
+			p.g.FromFP8(back, buf, tc.format, 1/scale)
+			p.g.Download(wide, back)
+			for i := range vals {
+				want := tc.from(got[i]) * (1 / scale)
+				if math.Float32bits(wide[i]) != math.Float32bits(want) && !(math.IsNaN(float64(want)) && math.IsNaN(float64(wide[i]))) && bad < 10 {
+					bad++
+					t.Errorf("%s: float(%#02x)/%v = %v, want %v", tc.name, got[i], scale, wide[i], want)
+				}
+			}
+		}
+	}
+}
