@@ -9,9 +9,9 @@
 #ifndef TITAN_KERNELS_COMMON_CUH
 #define TITAN_KERNELS_COMMON_CUH
 
-#define TITAN_INF __int_as_float(0x7f800000)
-#define TITAN_NEG_INF __int_as_float(0xff800000)
-#define TITAN_NAN __int_as_float(0x7fc00000)
+#define TITAN_INF __uint_as_float(0x7f800000u)
+#define TITAN_NEG_INF __uint_as_float(0xff800000u)
+#define TITAN_NAN __uint_as_float(0x7fc00000u)
 
 typedef unsigned short bf16_t; // a bfloat16 bit pattern
 

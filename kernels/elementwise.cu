@@ -49,16 +49,16 @@ extern "C" __global__ void fill_f32(float *x, float v, long long n) {
 	}
 }
 
-// f32_to_bf16 rounds n float32 to bfloat16, nearest even (as
+// cast_f32_to_bf16 rounds n float32 to bfloat16, nearest even (as
 // internal/numeric.Float32ToBF16).
-extern "C" __global__ void f32_to_bf16(bf16_t *out, const float *in, long long n) {
+extern "C" __global__ void cast_f32_to_bf16(bf16_t *out, const float *in, long long n) {
 	for (long long i = grid_stride_start(); i < n; i += grid_stride_step()) {
 		out[i] = f32_to_bf16(in[i]);
 	}
 }
 
-// bf16_to_f32 widens n bfloat16 exactly.
-extern "C" __global__ void bf16_to_f32(float *out, const bf16_t *in, long long n) {
+// cast_bf16_to_f32 widens n bfloat16 exactly.
+extern "C" __global__ void cast_bf16_to_f32(float *out, const bf16_t *in, long long n) {
 	for (long long i = grid_stride_start(); i < n; i += grid_stride_step()) {
 		out[i] = bf16_to_f32(in[i]);
 	}

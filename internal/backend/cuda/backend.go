@@ -240,7 +240,7 @@ func (b *Backend) ToBF16(dst, src backend.Tensor) {
 	const op = "ToBF16"
 	n := src.Len
 	d, s := ptr(op, "dst", dst, backend.BFloat16, n), f32p(op, "src", src, n)
-	b.launch(op, "f32_to_bf16", elemGrid(n), Dim3{elemBlock, 1, 1}, d, s, int64(n))
+	b.launch(op, "cast_f32_to_bf16", elemGrid(n), Dim3{elemBlock, 1, 1}, d, s, int64(n))
 }
 
 // FromBF16 widens the bfloat16 src into the float32 dst.
@@ -248,7 +248,7 @@ func (b *Backend) FromBF16(dst, src backend.Tensor) {
 	const op = "FromBF16"
 	n := src.Len
 	d, s := f32p(op, "dst", dst, n), ptr(op, "src", src, backend.BFloat16, n)
-	b.launch(op, "bf16_to_f32", elemGrid(n), Dim3{elemBlock, 1, 1}, d, s, int64(n))
+	b.launch(op, "cast_bf16_to_f32", elemGrid(n), Dim3{elemBlock, 1, 1}, d, s, int64(n))
 }
 
 // Add computes out = a + c.

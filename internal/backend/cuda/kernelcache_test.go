@@ -82,3 +82,15 @@ func TestOpenWithoutGPU(t *testing.T) {
 	}
 	t.Logf("Open without a GPU: %v", err)
 }
+
+// TestKernelNamesAreUnique: no kernel shares its name with another
+// function of the sources (a C++ overload beside an extern "C" kernel
+// would make cuModuleGetFunction's lookup depend on the compiler).
+func TestKernelNamesAreUnique(t *testing.T) {
+	src := KernelSource() + kernels.Read("common.cuh")
+	for _, n := range kernels.Names() {
+		if c := strings.Count(src, " "+n+"("); c != 1 {
+			t.Errorf("%s( appears %d times in the sources", n, c)
+		}
+	}
+}

@@ -93,7 +93,7 @@ func (b *Backend) GemmStridedBatched(transA, transB bool, m, n, k int, alpha flo
 // (b.mu held) and returns their address.
 func (b *Backend) roundToScratch(p uintptr, n int) uintptr {
 	s := b.scratchBytes(2 * n)
-	b.launch("Gemm", "f32_to_bf16", elemGrid(n), Dim3{elemBlock, 1, 1}, s, p, int64(n))
+	b.launch("Gemm", "cast_f32_to_bf16", elemGrid(n), Dim3{elemBlock, 1, 1}, s, p, int64(n))
 	return s
 }
 
