@@ -126,6 +126,9 @@ for 3 steps in a row.`,
 				}
 				tr, err := train.New(job, dev, cmd.OutOrStdout(), dist)
 				if err != nil {
+					if dev.Backend.Name() == "cuda" {
+						err = fmt.Errorf("training.device = \"cuda\": %w", err)
+					}
 					return err
 				}
 				defer tr.Close()
