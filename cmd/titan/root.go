@@ -21,7 +21,7 @@ Start with the built-in debug recipe, which needs no download:
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newTrainCmd(), newEvalCmd(), newGenerateCmd(), newCheckpointCmd(), newTokenizerCmd(), newConfigCmd(), newBenchCmd(), newRunsCmd(), newPlotCmd(), newTopCmd(), newDebugCmd(), newAggifyCmd(), newAnalyzeCmd(), newPlanCmd(), newVersionCmd())
+	root.AddCommand(newTrainCmd(), newEvalCmd(), newGenerateCmd(), newCheckpointCmd(), newTokenizerCmd(), newConfigCmd(), newBenchCmd(), newRunsCmd(), newPlotCmd(), newTopCmd(), newDebugCmd(), newAggifyCmd(), newAnalyzeCmd(), newPlanCmd(), newDevicesCmd(), newVersionCmd())
 	return root
 }
 

@@ -120,8 +120,15 @@ for 3 steps in a row.`,
 						threads = w.Threads
 					}
 				}
-				tr, err := train.New(job, cpuDevice(threads), cmd.OutOrStdout(), dist)
+				dev, err := trainDevice(job, threads, dist != nil)
 				if err != nil {
+					return err
+				}
+				tr, err := train.New(job, dev, cmd.OutOrStdout(), dist)
+				if err != nil {
+					if dev.Backend.Name() == "cuda" {
+						err = fmt.Errorf("training.device = \"cuda\": %w", err)
+					}
 					return err
 				}
 				defer tr.Close()

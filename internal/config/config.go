@@ -243,6 +243,11 @@ type Training struct {
 	// Threads is the number of CPU threads per worker; 0 means all
 	// available. titan only.
 	Threads int `toml:"threads" mapstructure:"threads"`
+	// Device is where the workers compute: "cpu", "cuda" (GPU 0 through
+	// the CUDA backend; an error without a usable GPU), or "" for cuda
+	// when a GPU is found and cpu otherwise. titan only (torchtitan
+	// always trains on the GPU).
+	Device string `toml:"device" mapstructure:"device"`
 }
 
 // Parallelism is the [parallelism] section: the device mesh. The degrees

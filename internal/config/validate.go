@@ -15,6 +15,7 @@ var (
 	optimizerImpls         = []string{"fused", "foreach", "for-loop"}
 	decayTypes             = []string{"linear", "sqrt", "cosine"}
 	precisions             = []string{"float32", "bfloat16"}
+	devices                = []string{"", "cpu", "cuda"}
 	reshardModes           = []string{"default", "always", "never"}
 	rotateMethods          = []string{"allgather", "alltoall"}
 	exportDtypes           = []string{"float32", "bfloat16", "float16"}
@@ -239,6 +240,7 @@ func (j *Job) Validate() error {
 		v.only("training.mixed_precision_param", t.MixedPrecisionParam, "float32")
 	}
 	v.atLeast("training.threads", t.Threads, 0)
+	v.oneOf("training.device", t.Device, devices)
 
 	par := j.Parallelism
 	v.atLeast("parallelism.data_parallel_replicate_degree", par.DataParallelReplicateDegree, 1)

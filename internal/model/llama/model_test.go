@@ -16,6 +16,9 @@ func TestPublishedParameterCounts(t *testing.T) {
 		want   int64
 	}{
 		{"debug", 6_163_712},
+		// Llama 3.2 1B: 1,235,814,400 published (tied embeddings) plus
+		// the untied output layer, 128256 × 2048.
+		{"1B", 1_498_482_688},
 		{"8B", 8_030_261_248},
 		{"70B", 70_553_706_496},
 		{"405B", 405_853_388_800},
