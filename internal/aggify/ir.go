@@ -1,3 +1,5 @@
+//go:build cgo
+
 // Package aggify compiles PL/pgSQL cursor loops into custom aggregates,
 // following Gupta, Purandare and Ramachandra, "Aggify: Lifting the Curse of
 // Cursor Loops using Custom Aggregates" (SIGMOD 2020).

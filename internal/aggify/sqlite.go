@@ -1,3 +1,5 @@
+//go:build cgo
+
 package aggify
 
 // The SQLite dialect. SQLite has no PL/pgSQL, so both forms run from Go:

@@ -1,3 +1,5 @@
+//go:build cgo
+
 package aggify
 
 // A file's own query on SQLite. PostgreSQL runs a query such as
