@@ -49,28 +49,28 @@ func (m *Model) layerForward(l int, out bool) error {
 	if err := m.normGather(a.attnNorm, a.attnRstd, m.seq, m.resid[l], p.AttnNorm); err != nil {
 		return err
 	}
-	linear(be, a.q, a.attnNorm, p.Wq, N, D, m.nq, false)
-	linear(be, a.k, a.attnNorm, p.Wk, N, D, m.nkvd, false)
-	linear(be, a.v, a.attnNorm, p.Wv, N, D, m.nkvd, false)
+	m.linear(linKey{l, linWq}, a.q, a.attnNorm, p.Wq, N, D, m.nq, false)
+	m.linear(linKey{l, linWk}, a.k, a.attnNorm, p.Wk, N, D, m.nkvd, false)
+	m.linear(linKey{l, linWv}, a.v, a.attnNorm, p.Wv, N, D, m.nkvd, false)
 	m.rope(a.q, a.q, m.nh, false)
 	m.rope(a.k, a.k, m.nkv, false)
 	if err := m.attention(a); err != nil {
 		return err
 	}
-	if err := m.rowOut(a.mid, m.resid[l], a.attn, p.Wo, m.nq); err != nil {
+	if err := m.rowOut(linKey{l, linWo}, a.mid, m.resid[l], a.attn, p.Wo, m.nq); err != nil {
 		return err
 	}
 	// Feed-forward: resid[l+1] = mid + w2(silu(w1 x) * w3 x), x = norm(mid).
 	if err := m.normGather(a.ffnNorm, a.ffnRstd, m.seq, a.mid, p.FFNNorm); err != nil {
 		return err
 	}
-	linear(be, a.h1, a.ffnNorm, p.W1, N, D, m.f, false)
-	linear(be, a.h3, a.ffnNorm, p.W3, N, D, m.f, false)
+	m.linear(linKey{l, linW1}, a.h1, a.ffnNorm, p.W1, N, D, m.f, false)
+	m.linear(linKey{l, linW3}, a.h3, a.ffnNorm, p.W3, N, D, m.f, false)
 	be.SwiGLUForward(a.hs, a.h1, a.h3, N*m.f)
 	if !out {
 		return nil
 	}
-	return m.rowOut(m.resid[l+1], a.mid, a.hs, p.W2, m.f)
+	return m.rowOut(linKey{l, linW2}, m.resid[l+1], a.mid, a.hs, p.W2, m.f)
 }
 
 // layerBackward back-propagates through layer l (unit u): dres holds the
@@ -91,13 +91,14 @@ func (m *Model) layerBackward(l, u int, split bool) error {
 		be.Copy(dst, dout)
 		return dst
 	}
-	lin := func(dinp backend.Tensor, dw func() backend.Tensor, dout, inp, w backend.Tensor, in, outDim int, overwrite bool) {
+	lin := func(id linID, dinp backend.Tensor, dw func() backend.Tensor, dout, inp, w backend.Tensor, in, outDim int, overwrite bool) {
 		beta := float32(1)
 		if overwrite {
 			beta = 0
 		}
-		be.Gemm(false, false, N, in, outDim, 1, dout, outDim, w, in, beta, dinp, in)
-		m.weightGrad(u, split, dw, dout, inp, N, in, outDim)
+		k := linKey{l, id}
+		m.linearInputGrad(k, dinp, dout, w, N, in, outDim, beta)
+		m.weightGrad(u, split, k, dw, dout, inp, N, in, outDim)
 	}
 
 	// Feed-forward.
@@ -108,12 +109,12 @@ func (m *Model) layerBackward(l, u int, split bool) error {
 	if split {
 		dout = keep(o.ffnOut, dout)
 	}
-	lin(m.dhs, func() backend.Tensor { return g().W2 }, dout, a.hs, p.W2, m.f, D, true)
+	lin(linW2, m.dhs, func() backend.Tensor { return g().W2 }, dout, a.hs, p.W2, m.f, D, true)
 	be.Zero(dh1)
 	be.Zero(dh3)
 	be.SwiGLUBackward(dh1, dh3, m.dhs, a.h1, a.h3, N*m.f)
-	lin(m.full, func() backend.Tensor { return g().W1 }, dh1, a.ffnNorm, p.W1, D, m.f, true)
-	lin(m.full, func() backend.Tensor { return g().W3 }, dh3, a.ffnNorm, p.W3, D, m.f, false)
+	lin(linW1, m.full, func() backend.Tensor { return g().W1 }, dh1, a.ffnNorm, p.W1, D, m.f, true)
+	lin(linW3, m.full, func() backend.Tensor { return g().W3 }, dh3, a.ffnNorm, p.W3, D, m.f, false)
 	if err := m.normBackward(m.dres, g().FFNNorm, m.full, a.mid, p.FFNNorm, a.ffnRstd); err != nil {
 		return err
 	}
@@ -125,7 +126,7 @@ func (m *Model) layerBackward(l, u int, split bool) error {
 	if split {
 		dout = keep(o.attnOut, dout)
 	}
-	lin(m.dat, func() backend.Tensor { return g().Wo }, dout, a.attn, p.Wo, m.nq, D, true)
+	lin(linWo, m.dat, func() backend.Tensor { return g().Wo }, dout, a.attn, p.Wo, m.nq, D, true)
 	if err := m.attentionBackward(a, dv); err != nil {
 		return err
 	}
@@ -133,9 +134,9 @@ func (m *Model) layerBackward(l, u int, split bool) error {
 	be.Zero(dkr)
 	m.rope(dqr, m.dq, m.nh, true)
 	m.rope(dkr, m.dk, m.nkv, true)
-	lin(m.full, func() backend.Tensor { return g().Wq }, dqr, a.attnNorm, p.Wq, D, m.nq, true)
-	lin(m.full, func() backend.Tensor { return g().Wk }, dkr, a.attnNorm, p.Wk, D, m.nkvd, false)
-	lin(m.full, func() backend.Tensor { return g().Wv }, dv, a.attnNorm, p.Wv, D, m.nkvd, false)
+	lin(linWq, m.full, func() backend.Tensor { return g().Wq }, dqr, a.attnNorm, p.Wq, D, m.nq, true)
+	lin(linWk, m.full, func() backend.Tensor { return g().Wk }, dkr, a.attnNorm, p.Wk, D, m.nkvd, false)
+	lin(linWv, m.full, func() backend.Tensor { return g().Wv }, dv, a.attnNorm, p.Wv, D, m.nkvd, false)
 	return m.normBackward(m.dres, g().AttnNorm, m.full, m.resid[l], p.AttnNorm, a.attnRstd)
 }
 
@@ -207,18 +208,18 @@ func (m *Model) normBackward(dres, gw, dx, x, w, rstd backend.Tensor) error {
 	return nil
 }
 
-// rowOut computes dst [n, D] = resid + (inp [N, in] · w^T), the output of
+// rowOut computes, for layer k, dst [n, D] = resid + (inp [N, in] · w^T), the output of
 // a row-parallel linear summed over the tp ranks and scattered to this
 // rank's rows, plus the residual. At TP = 1 the product accumulates onto
 // a copy of the residual.
-func (m *Model) rowOut(dst, resid, inp, w backend.Tensor, in int) error {
+func (m *Model) rowOut(k linKey, dst, resid, inp, w backend.Tensor, in int) error {
 	be, N, D := m.be, m.N, m.Cfg.Dim
 	if m.tp() == 1 {
 		be.Copy(dst, resid)
-		linear(be, dst, inp, w, N, in, D, true)
+		m.linear(k, dst, inp, w, N, in, D, true)
 		return nil
 	}
-	linear(be, m.full, inp, w, N, in, D, false)
+	m.linear(k, m.full, inp, w, N, in, D, false)
 	if err := m.scatter(m.seq, m.full); err != nil {
 		return err
 	}
