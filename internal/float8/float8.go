@@ -135,10 +135,10 @@ func (f Format) Round(x float32) float32 {
 
 // formatParams are a format's rounding constants on float32 bits.
 type formatParams struct {
-	minNormal  uint32  // bits of the smallest normal value
-	magic      float32 // subnormal spacing × 2^23
-	shift      uint32  // float32 mantissa bits dropped
-	half, max  uint32  // half an ulp of the format; bits of Max
+	minNormal uint32  // bits of the smallest normal value
+	magic     float32 // subnormal spacing × 2^23
+	shift     uint32  // float32 mantissa bits dropped
+	half, max uint32  // half an ulp of the format; bits of Max
 }
 
 var params = [...]formatParams{
