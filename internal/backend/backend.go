@@ -109,6 +109,11 @@ type AttentionDims struct {
 	B, Tq, Tk   int
 	NH, NKV, HD int
 	QPos, KPos  int
+	// BF16 multiplies the products Q·Kᵀ, P·V and those of the backward
+	// pass as bfloat16 with float32 accumulation (bfloat16 mixed
+	// precision, as autocast's attention); the softmax, its statistics and
+	// the outputs stay float32.
+	BF16 bool
 }
 
 // Backend owns device memory and implements the operations the model

@@ -14,9 +14,12 @@ type Precision struct {
 	// weights and the embedding included, as FSDP's param_dtype casts
 	// every parameter) and every linear layer multiplies its input and
 	// weight as bfloat16 with float32 accumulation (as autocast rounds a
-	// matmul's operands); everything else — the residual stream, RoPE,
-	// attention with its softmax, the norms, SwiGLU, the loss, the
-	// gradients and the optimizer — stays float32.
+	// matmul's operands), and so do attention's products (Q·Kᵀ, P·V and
+	// those of its backward: the probabilities are rounded to bfloat16
+	// before P·V, as a bfloat16 attention kernel does); everything else —
+	// the residual stream, RoPE, the softmax and its statistics, the
+	// norms, SwiGLU, the loss, the gradients and the optimizer — stays
+	// float32, in float32 buffers.
 	Param backend.DType
 	// Float8 converts linear layers to float8 (nil: none).
 	Float8 *float8.Config

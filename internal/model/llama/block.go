@@ -298,11 +298,17 @@ func (m *Model) blockPairs(src int, fn func(qOff, kOff, lOff int, d backend.Atte
 				if kp > qp {
 					continue // every key is after every query
 				}
-				d := backend.AttentionDims{B: 1, Tq: c, Tk: c, NH: m.nh, NKV: m.nkv, HD: m.hd, QPos: qp, KPos: kp}
+				d := backend.AttentionDims{B: 1, Tq: c, Tk: c, NH: m.nh, NKV: m.nkv, HD: m.hd, QPos: qp, KPos: kp, BF16: m.Precision.BF16()}
 				fn((b*2+qh)*c*m.nq, (b*2+kh)*c*m.nkvd, (b*2+qh)*m.nh*c, d)
 			}
 		}
 	}
+}
+
+// attnDims are the dimensions of causal attention over whole rows, its
+// products in the parameters' precision.
+func (m *Model) attnDims() backend.AttentionDims {
+	return backend.AttentionDims{B: m.B, Tq: m.T, Tk: m.T, NH: m.nh, NKV: m.nkv, HD: m.hd, BF16: m.Precision.BF16()}
 }
 
 // attention computes a.attn and a.lse from a.q, a.k, a.v: causal
@@ -312,7 +318,7 @@ func (m *Model) blockPairs(src int, fn func(qOff, kOff, lOff int, d backend.Atte
 func (m *Model) attention(a *layerActs) error {
 	be, N, cp := m.be, m.N, m.cp()
 	if cp == 1 {
-		be.AttentionForward(a.attn, a.lse, a.q, a.k, a.v, backend.AttentionDims{B: m.B, Tq: m.T, Tk: m.T, NH: m.nh, NKV: m.nkv, HD: m.hd})
+		be.AttentionForward(a.attn, a.lse, a.q, a.k, a.v, m.attnDims())
 		return nil
 	}
 	out := make([]float32, N*m.nq)
@@ -359,7 +365,7 @@ func (m *Model) attentionBackward(a *layerActs, dv backend.Tensor) error {
 	be.Zero(m.dk)
 	be.Zero(dv)
 	if cp == 1 {
-		be.AttentionBackward(m.dq, m.dk, dv, m.dat, a.q, a.k, a.v, a.attn, a.lse, backend.AttentionDims{B: m.B, Tq: m.T, Tk: m.T, NH: m.nh, NKV: m.nkv, HD: m.hd})
+		be.AttentionBackward(m.dq, m.dk, dv, m.dat, a.q, a.k, a.v, a.attn, a.lse, m.attnDims())
 		return nil
 	}
 	cur, next := make([]float32, 2*kvn), make([]float32, 2*kvn)
