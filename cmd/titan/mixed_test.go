@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -94,4 +95,65 @@ func TestMixedPrecisionLayoutsMatchOneProcess(t *testing.T) {
 		}
 		t.Logf("bfloat16 against float32 gradient reductions: worst loss difference %.3g relative", worst)
 	})
+}
+
+// TestFloat8Trains: model.converters = ["float8"] trains tiny_bench with
+// each recipe (bfloat16 elsewhere) within 2% of bfloat16 training, each
+// recipe to its own losses; a filter_fqns that names every block linear
+// (the output is filtered by default) gives the bfloat16 losses bit for
+// bit; float8 trains under FSDP2; a hyena model refuses both keys.
+func TestFloat8Trains(t *testing.T) {
+	if testing.Short() {
+		t.Skip("training runs")
+	}
+	const steps = 4
+	data := corpus(t)
+	run := func(extra ...string) map[int]float64 {
+		t.Helper()
+		dump := t.TempDir()
+		args := append(tinyRun(dump, data, steps), "--set", "checkpoint.enable=false",
+			"--set", "training.mixed_precision_param=bfloat16")
+		if out, err := titan(t, append(args, extra...)...); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		return metricsColumn(t, dump, "loss")
+	}
+	f8 := func(recipe string, extra ...string) []string {
+		return append([]string{"--set", `model.converters=["float8"]`, "--set", "float8.recipe_name=" + recipe}, extra...)
+	}
+	bf16 := run()
+	seen := map[float64]string{bf16[steps]: "bfloat16"}
+	for _, recipe := range []string{"tensorwise", "rowwise", "rowwise_with_gw_hp"} {
+		got := run(f8(recipe)...)
+		for step := 1; step <= steps; step++ {
+			if d := math.Abs(got[step]-bf16[step]) / bf16[step]; d > 0.02 {
+				t.Errorf("%s step %d: loss %.6g, bfloat16 %.6g: more than 2%% apart", recipe, step, got[step], bf16[step])
+			}
+		}
+		if other, ok := seen[got[steps]]; ok {
+			t.Errorf("%s: final loss %.9g, the same as %s's", recipe, got[steps], other)
+		}
+		seen[got[steps]] = recipe
+		t.Logf("%s: final loss %.6g, bfloat16 %.6g", recipe, got[steps], bf16[steps])
+	}
+	filtered := run(f8("rowwise", "--set", `float8.filter_fqns=["attention", "feed_forward", "output"]`)...)
+	for step := 1; step <= steps; step++ {
+		if filtered[step] != bf16[step] {
+			t.Errorf("every linear filtered, step %d: loss %.9g, bfloat16 %.9g", step, filtered[step], bf16[step])
+		}
+	}
+	fsdp := run(f8("tensorwise", "--nproc", "2", "--set", "parallelism.data_parallel_shard_degree=2", "--set", "training.local_batch_size=1")...)
+	if d := math.Abs(fsdp[steps]-bf16[steps]) / bf16[steps]; d > 0.02 {
+		t.Errorf("float8 under FSDP2: final loss %.6g, bfloat16 %.6g", fsdp[steps], bf16[steps])
+	}
+	for _, c := range []struct{ set, key string }{
+		{"training.mixed_precision_param=bfloat16", "training.mixed_precision_param"},
+		{`model.converters=["float8"]`, "model.converters"},
+	} {
+		out, err := titan(t, "train", "--recipe", "../../recipes/hyena_debug.toml", "--set", "training.steps=1",
+			"--set", "job.dump_folder="+t.TempDir(), "--set", c.set)
+		if err == nil || !strings.Contains(err.Error(), c.key) {
+			t.Errorf("hyena with %s: error %v, want one naming %s\n%s", c.set, err, c.key, out)
+		}
+	}
 }

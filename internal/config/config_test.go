@@ -827,6 +827,7 @@ func TestUnsupportedValuesAreRefused(t *testing.T) {
 		accepted string
 	}{
 		{"model.converters", func(j *Job) { j.Model.Converters = []string{"mx"} }, `["float8"]`},
+		{"float8.enable_fsdp_float8_all_gather", func(j *Job) { j.Float8.EnableFSDPFloat8AllGather = true }, "false"},
 		{"model.converters", func(j *Job) { j.Model.Converters = []string{"float8", "float8"} }, `["float8"]`},
 		{"profiling.enable_profiling", func(j *Job) { j.Profiling.EnableProfiling = true }, "false"},
 		{"profiling.enable_memory_snapshot", func(j *Job) { j.Profiling.EnableMemorySnapshot = true }, "false"},

@@ -317,9 +317,6 @@ func Precision(job *config.Job) (model.Precision, backend.DType, error) {
 		if err != nil {
 			return p, 0, err
 		}
-		if f.EnableFSDPFloat8AllGather {
-			return p, 0, errors.New("float8.enable_fsdp_float8_all_gather: not implemented yet (set it to false; the all-gather moves the parameter dtype)")
-		}
 		p.Float8 = &float8.Config{Recipe: r, FilterFQNs: slices.Clone(f.FilterFQNs)}
 	}
 	return p, dtype(job.Training.MixedPrecisionReduce), nil
