@@ -195,12 +195,10 @@ type Runtime struct {
 	lowp          []uint16                     // bfloat16 rounding of Params
 	lowpValid     bool                         // lowp (and compute) hold the current Params
 	compute       backend.Tensor               // unsharded: the bound bfloat16-valued copy of Params
-	pbits         []uint16s                    // gather in flight: its bfloat16 receive buffer, by unit
+	pbits         [][]uint16                   // gather in flight: its bfloat16 receive buffer, by unit
 	bits          map[*backend.Memory][]uint16 // bfloat16 twin of each unit buffer
 	gathers       int                          // all-gathers issued (for tests)
 }
-
-type uint16s = []uint16
 
 // reduction is one unit's gradient reduction: a reduce-scatter over the
 // shard group, then an all-reduce of the shard over the replicate group.
@@ -278,7 +276,7 @@ func New(be backend.Backend, units []Range, bind Binder, c Config) (*Runtime, er
 		return nil, fmt.Errorf("fsdp: the backend's memory is not host memory; sharded data parallelism needs host buffers")
 	}
 	r.pbuf, r.pwork, r.gbuf = make([]backend.Tensor, n), make([]*comm.Work, n), make([]backend.Tensor, n)
-	r.pbits = make([]uint16s, n)
+	r.pbits = make([][]uint16, n)
 	r.local1 = shard == nil && replicate == nil
 	if r.param == backend.BFloat16 {
 		r.lowp = make([]uint16, lay.Len)
@@ -357,7 +355,14 @@ func (r *Runtime) Invalidate() {
 // (gathered parameters and unit gradients), the transient part of the
 // sharded state.
 func (r *Runtime) BufferBytes() int64 {
-	return int64(r.pAlloc+r.gAlloc) * int64(r.unitMax) * 4
+	n := int64(r.pAlloc+r.gAlloc) * int64(r.unitMax) * 4
+	// Mixed precision: the bfloat16 shards, the unsharded bound copy and
+	// the bfloat16 twins of the unit buffers.
+	n += int64(len(r.lowp))*2 + int64(r.compute.Len)*4
+	for _, b := range r.bits {
+		n += int64(len(b)) * 2
+	}
+	return n
 }
 
 // StateBytes is the memory of this rank's parameter and gradient shards.
