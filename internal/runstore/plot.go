@@ -73,7 +73,7 @@ func Plot(ctx context.Context, s *Store, ids []string, o PlotOptions, w io.Write
 		}
 		label := full
 		if run, err := s.Get(ctx, full); err == nil && run.Description != "" {
-			label += " " + run.Description // the legend says what each run was
+			label = run.Description + " " + full // the legend says what each run was
 		}
 		col := plot.Palette[i%len(plot.Palette)]
 		raw := plot.Series{Label: label + " raw", Color: col, Dashed: true}
