@@ -157,3 +157,26 @@ func TestFloat8Trains(t *testing.T) {
 		}
 	}
 }
+
+// TestMixedPrecisionResumes: checkpoints keep the float32 masters, so a
+// bfloat16 FSDP2 run interrupted after 4 steps resumes like the
+// uninterrupted one (the bfloat16 copies are derived again from the
+// loaded masters).
+func TestMixedPrecisionResumes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process training runs")
+	}
+	data := corpus(t)
+	args := []string{"--nproc", "2", "--set", "training.local_batch_size=1", "--set", "lr_scheduler.total_steps=6",
+		"--set", "parallelism.data_parallel_shard_degree=2", "--set", "training.mixed_precision_param=bfloat16"}
+	whole, half := t.TempDir(), t.TempDir()
+	for _, r := range []struct {
+		dump  string
+		steps int
+	}{{whole, 6}, {half, 4}} {
+		if out, err := titan(t, append(tinyRun(r.dump, data, r.steps), args...)...); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+	}
+	checkResume(t, "FSDP2 bfloat16", "FSDP2 bfloat16", whole, half, data, args)
+}
