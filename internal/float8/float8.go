@@ -174,10 +174,35 @@ func Amax(x []float32) float32 {
 // float32) of src scaled by scale.
 func Cast(dst, src []float32, scale float32, f Format) {
 	parallel(len(src), 1, func(lo, hi int) {
-		for i, v := range src[lo:hi] {
-			dst[lo+i] = f.Round(v * scale)
-		}
+		castScaled(dst[lo:hi], src[lo:hi], scale, nil, f)
 	})
+}
+
+// castScaled writes dst[i] = f.Round(src[i]·s) with s = scale, or
+// scales[i] when scales is set: Round's arithmetic in one loop, without
+// a call per element.
+func castScaled(dst, src []float32, scale float32, scales []float32, f Format) {
+	p := params[f]
+	dst = dst[:len(src)]
+	for i, v := range src {
+		s := scale
+		if scales != nil {
+			s = scales[i]
+		}
+		b := math.Float32bits(v * s)
+		sign, a := b&0x80000000, b&^0x80000000
+		switch {
+		case a > 0x7f800000:
+			// NaN stays
+		case a < p.minNormal:
+			a = math.Float32bits((math.Float32frombits(a) + p.magic) - p.magic)
+		default:
+			a += p.half - 1 + (a>>p.shift)&1
+			a &^= 1<<p.shift - 1
+			a = min(a, p.max)
+		}
+		dst[i] = math.Float32frombits(a | sign)
+	}
 }
 
 // parallel splits [0, n) items of cost work elements each into chunks run
@@ -210,9 +235,7 @@ func CastRows(dst, src []float32, rows, cols int, f Format, pow2 bool, scales []
 			r := src[i*cols : (i+1)*cols]
 			s := Scale(Amax(r), f, pow2)
 			scales[i] = s
-			for j, v := range r {
-				dst[i*cols+j] = f.Round(v * s)
-			}
+			castScaled(dst[i*cols:(i+1)*cols], r, s, nil, f)
 		}
 	})
 }
@@ -231,9 +254,7 @@ func CastCols(dst, src []float32, rows, cols int, f Format, pow2 bool, scales []
 	}
 	parallel(rows, cols, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			for j, v := range src[i*cols : (i+1)*cols] {
-				dst[i*cols+j] = f.Round(v * scales[j])
-			}
+			castScaled(dst[i*cols:(i+1)*cols], src[i*cols:(i+1)*cols], 0, scales, f)
 		}
 	})
 }

@@ -114,3 +114,41 @@ func TestParseRecipe(t *testing.T) {
 		t.Error("filter_fqns")
 	}
 }
+
+func BenchmarkCast(b *testing.B) {
+	src := make([]float32, 1<<20)
+	for i := range src {
+		src[i] = float32(i%1000-500) * 0.37
+	}
+	dst := make([]float32, len(src))
+	for _, f := range []Format{E4M3, E5M2} {
+		b.Run(f.String(), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				Cast(dst, src, 0.5, f)
+			}
+			b.ReportMetric(float64(len(src)*b.N)/b.Elapsed().Seconds()/1e9, "Gelem/s")
+		})
+	}
+}
+
+// TestCastIsRound: the casts' fused loop is Round of the scaled values,
+// bit for bit, NaN and the boundaries included.
+func TestCastIsRound(t *testing.T) {
+	var src []float32
+	for b := uint64(0); b < 1<<32; b += 9973 {
+		src = append(src, math.Float32frombits(uint32(b)))
+	}
+	src = append(src, float32(math.NaN()), float32(math.Inf(-1)), 0x1p-7, -464, 448)
+	dst := make([]float32, len(src))
+	for _, f := range []Format{E4M3, E5M2} {
+		for _, s := range []float32{1, 0.75, 3} {
+			Cast(dst, src, s, f)
+			for i, v := range src {
+				w := f.Round(v * s)
+				if math.Float32bits(dst[i]) != math.Float32bits(w) && !(w != w && dst[i] != dst[i]) {
+					t.Fatalf("%v: Cast(%g·%g) = %g, Round gives %g", f, v, s, dst[i], w)
+				}
+			}
+		}
+	}
+}
