@@ -57,6 +57,8 @@ def main():
     ap.add_argument("--attention", choices=["fused", "explicit"], default="fused",
                     help="fused: scale+mask folded into one baddbmm (exact); "
                          "explicit: matmul, scale, masked_fill (the reference path)")
+    ap.add_argument("--autocast", choices=["none", "bfloat16"], default="none",
+                    help="bfloat16: forward under torch.autocast('cpu', dtype=torch.bfloat16), PyTorch's CPU mixed precision")
     args = ap.parse_args()
     if args.steps < 1:
         ap.error("--steps must be at least 1")
@@ -78,9 +80,14 @@ def main():
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 
+    import contextlib
+    amp = (torch.autocast("cpu", dtype=torch.bfloat16) if args.autocast == "bfloat16"
+           else contextlib.nullcontext())
+
     def step():
         opt.zero_grad(set_to_none=True)
-        _, loss = reference.loss_fn(model, tokens, targets, freqs_cis)
+        with amp:
+            _, loss = reference.loss_fn(model, tokens, targets, freqs_cis)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, max_norm=1.0)
         opt.step()
@@ -99,6 +106,7 @@ def main():
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "attention": args.attention,
+        "autocast": args.autocast,
         "batch": args.batch, "seq": args.seq,
         "step_ms": round(step_s * 1e3, 2),
         "tokens_per_sec": round(args.batch * args.seq / step_s, 1),

@@ -91,19 +91,29 @@ func checkResume(t *testing.T, name, refName, whole, half, data string, args []s
 // logs the worst differences.
 func checkParity(t *testing.T, name, ref, dump string, steps int) {
 	t.Helper()
+	checkParityWithin(t, name, ref, dump, steps, parityTol{1e-5, 1e-5, 1e-5})
+}
+
+// parityTol are the relative tolerances of checkParityWithin on the
+// losses, the gradient norms and the parameters.
+type parityTol struct{ loss, gradNorm, params float64 }
+
+// checkParityWithin is checkParity with the tolerances tol.
+func checkParityWithin(t *testing.T, name, ref, dump string, steps int, tol parityTol) {
+	t.Helper()
 	worst := map[string]float64{}
-	for _, key := range []string{"loss", "grad_norm"} {
+	for key, tol := range map[string]float64{"loss": tol.loss, "grad_norm": tol.gradNorm} {
 		want, got := metricsColumn(t, ref, key), metricsColumn(t, dump, key)
 		for step := 1; step <= steps; step++ {
 			x, y := want[step], got[step]
-			if y == 0 || math.Abs(x-y) > 1e-5*math.Abs(x) {
+			if y == 0 || math.Abs(x-y) > tol*math.Abs(x) {
 				t.Errorf("step %d: %s %.9g on one process, %.9g under %s", step, key, x, y, name)
 			}
 			worst[key] = max(worst[key], math.Abs(x-y)/math.Abs(x))
 		}
 	}
 	rel := paramDistance(t, ref, dump)
-	if rel > 1e-5 {
+	if rel > tol.params {
 		t.Errorf("parameters after %d steps differ by %.3g (L2 relative)", steps, rel)
 	}
 	t.Logf("%s: worst difference loss %.3g, grad_norm %.3g relative; parameters %.3g (L2 relative)", name, worst["loss"], worst["grad_norm"], rel)

@@ -296,7 +296,7 @@ var keyTable = map[string]keyCheck{
 	"model.tokenizer_path": {check: func(t *testing.T, h *keysHarness) {
 		h.fails(t, "model.tokenizer_path", "model.tokenizer_path=/nonexistent/tok.model")
 	}},
-	"model.converters": {refuse: `["float8"]`},
+	"model.converters": {coveredBy: "TestFloat8Trains"},
 	// [optimizer]: each changes the losses after the first step.
 	"optimizer.name": {check: func(t *testing.T, h *keysHarness) {
 		h.differs(t, "loss", "optimizer.name=Adam", "optimizer.weight_decay=5")
@@ -362,7 +362,14 @@ var keyTable = map[string]keyCheck{
 			}
 		}
 	}},
-	"training.mixed_precision_param": {refuse: "bfloat16"},
+	"training.mixed_precision_param":  {coveredBy: "TestMixedPrecisionLayoutsMatchOneProcess"},
+	"training.mixed_precision_reduce": {coveredBy: "TestMixedPrecisionLayoutsMatchOneProcess"},
+	// [float8]: the recipes and the filter change a float8 run's losses;
+	// the FSDP float8 all-gather is refused.
+	"float8.recipe_name":                              {coveredBy: "TestFloat8Trains"},
+	"float8.filter_fqns":                              {coveredBy: "TestFloat8Trains"},
+	"float8.enable_fsdp_float8_all_gather":            {refuse: "true"},
+	"float8.precompute_float8_dynamic_scale_for_fsdp": {inertUnless: "float8.enable_fsdp_float8_all_gather"},
 	"training.threads": {check: func(t *testing.T, h *keysHarness) {
 		h.logDiffers(t, `, 2 threads per rank`, "training.threads=2")
 	}},

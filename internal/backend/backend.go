@@ -109,6 +109,11 @@ type AttentionDims struct {
 	B, Tq, Tk   int
 	NH, NKV, HD int
 	QPos, KPos  int
+	// BF16 multiplies the products Q·Kᵀ, P·V and those of the backward
+	// pass as bfloat16 with float32 accumulation (bfloat16 mixed
+	// precision, as autocast's attention); the softmax, its statistics and
+	// the outputs stay float32.
+	BF16 bool
 }
 
 // Backend owns device memory and implements the operations the model
@@ -137,6 +142,13 @@ type Backend interface {
 	// of bfloat16 values (a Float32 operand rounded to nearest even) and
 	// accumulate in float32; C is Float32 in every case.
 	Gemm(transA, transB bool, m, n, k int, alpha float32, a Tensor, lda int, b Tensor, ldb int, beta float32, c Tensor, ldc int)
+	// GemmBF16 is Gemm with both operands multiplied as bfloat16 whatever
+	// their dtype (Float32 ones rounded to nearest even, as Gemm rounds a
+	// Float32 operand beside a BFloat16 one) and float32 accumulation into
+	// the Float32 C: the matrix products of bfloat16 mixed precision, and
+	// the exact products of float8 values (every e4m3 and e5m2 value is a
+	// bfloat16).
+	GemmBF16(transA, transB bool, m, n, k int, alpha float32, a Tensor, lda int, b Tensor, ldb int, beta float32, c Tensor, ldc int)
 	// GemmStridedBatched runs batch independent Gemms; matrix i of A, B, C
 	// starts strideA*i, strideB*i, strideC*i elements into a, b, c.
 	GemmStridedBatched(transA, transB bool, m, n, k int, alpha float32, a Tensor, lda, strideA int, b Tensor, ldb, strideB int, beta float32, c Tensor, ldc, strideC int, batch int)

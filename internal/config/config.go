@@ -79,6 +79,7 @@ type Job struct {
 	ActivationCheckpoint ActivationCheckpoint `toml:"activation_checkpoint" mapstructure:"activation_checkpoint"`
 	Validation           Validation           `toml:"validation" mapstructure:"validation"`
 	Comm                 Comm                 `toml:"comm" mapstructure:"comm"`
+	Float8               Float8               `toml:"float8" mapstructure:"float8"`
 }
 
 // JobSection is the [job] section: where the run writes its outputs and how
@@ -155,7 +156,8 @@ type Model struct {
 	// built-in byte tokenizer.
 	TokenizerPath string `toml:"tokenizer_path" mapstructure:"tokenizer_path"`
 	// Converters names model transformations applied after construction,
-	// in order.
+	// in order: [] or ["float8"] (the linear layers compute in float8, see
+	// the [float8] section).
 	Converters []string `toml:"converters" mapstructure:"converters"`
 }
 
@@ -237,9 +239,17 @@ type Training struct {
 	// slower. (torchtitan TOML era: debug.deterministic.)
 	Deterministic bool `toml:"deterministic" mapstructure:"deterministic"`
 	// MixedPrecisionParam is the dtype parameters are computed in:
-	// "float32" or "bfloat16". titan defaults to "float32" (torchtitan:
-	// "bfloat16") because CPUs have no fast bfloat16 arithmetic.
+	// "float32" or "bfloat16" (FSDP mixed precision: forward and backward
+	// compute with the bfloat16 rounding of the float32 master weights,
+	// every linear layer multiplies bfloat16 operands with float32
+	// accumulation, the FSDP all-gathers move bfloat16; norms, softmax,
+	// the loss and the optimizer stay float32). titan defaults to
+	// "float32" (torchtitan: "bfloat16").
 	MixedPrecisionParam string `toml:"mixed_precision_param" mapstructure:"mixed_precision_param"`
+	// MixedPrecisionReduce is the dtype of the data-parallel gradient
+	// reductions (FSDP reduce-scatter, HSDP and DDP all-reduce):
+	// "float32" or "bfloat16".
+	MixedPrecisionReduce string `toml:"mixed_precision_reduce" mapstructure:"mixed_precision_reduce"`
 	// Threads is the number of CPU threads per worker; 0 means all
 	// available. titan only.
 	Threads int `toml:"threads" mapstructure:"threads"`
@@ -399,6 +409,27 @@ type Validation struct {
 	Steps int `toml:"steps" mapstructure:"steps"`
 }
 
+// Float8 is the [float8] section: how model.converters = ["float8"]
+// converts the linear layers (torchao's Float8Linear, emulated exactly on
+// the CPU; see internal/float8).
+type Float8 struct {
+	// RecipeName is the scaling recipe: "tensorwise", "rowwise" or
+	// "rowwise_with_gw_hp".
+	RecipeName string `toml:"recipe_name" mapstructure:"recipe_name"`
+	// FilterFQNs lists substrings of linear layers' fully qualified names
+	// ("output", "layers.0.", "attention.wq") left in high precision.
+	FilterFQNs []string `toml:"filter_fqns" mapstructure:"filter_fqns"`
+	// EnableFSDPFloat8AllGather would cast the float8 layers' weights to
+	// e4m3 before the FSDP all-gather (tensorwise only); titan refuses it
+	// (not supported yet: the all-gathers move the parameter dtype).
+	EnableFSDPFloat8AllGather bool `toml:"enable_fsdp_float8_all_gather" mapstructure:"enable_fsdp_float8_all_gather"`
+	// PrecomputeFloat8DynamicScaleForFSDP computes every float8 weight's
+	// scale once per step, in one all-reduce, instead of once per
+	// all-gather; it needs enable_fsdp_float8_all_gather, so titan
+	// refuses it too.
+	PrecomputeFloat8DynamicScaleForFSDP bool `toml:"precompute_float8_dynamic_scale_for_fsdp" mapstructure:"precompute_float8_dynamic_scale_for_fsdp"`
+}
+
 // Comm is the [comm] section: collective-communication timeouts and
 // tracing.
 type Comm struct {
@@ -455,12 +486,13 @@ func Default() *Job {
 			DecayType:   "linear",
 		},
 		Training: Training{
-			LocalBatchSize:      8,
-			GlobalBatchSize:     -1,
-			SeqLen:              2048,
-			MaxNorm:             1.0,
-			Steps:               10000,
-			MixedPrecisionParam: "float32",
+			LocalBatchSize:       8,
+			GlobalBatchSize:      -1,
+			SeqLen:               2048,
+			MaxNorm:              1.0,
+			Steps:                10000,
+			MixedPrecisionParam:  "float32",
+			MixedPrecisionReduce: "float32",
 		},
 		Parallelism: Parallelism{
 			DataParallelReplicateDegree:          1,
@@ -501,6 +533,10 @@ func Default() *Job {
 			TrainTimeoutSeconds: 100,
 			TraceBufSize:        20000,
 			SaveTracesFolder:    "comm_traces",
+		},
+		Float8: Float8{
+			RecipeName: "tensorwise",
+			FilterFQNs: []string{"output"},
 		},
 	}
 }

@@ -146,7 +146,6 @@ var torchtitanOnly = map[string]string{
 	"optimizer.early_step_in_backward":                                   "",
 	"training.enable_cpu_offload":                                        "",
 	"training.dtype":                                                     "training.mixed_precision_param",
-	"training.mixed_precision_reduce":                                    "",
 	"training.gc_freq":                                                   "",
 	"training.gc_debug":                                                  "",
 	"training.dataloader":                                                "",

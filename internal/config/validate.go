@@ -16,6 +16,7 @@ var (
 	decayTypes             = []string{"linear", "sqrt", "cosine"}
 	precisions             = []string{"float32", "bfloat16"}
 	devices                = []string{"", "cpu", "cuda"}
+	float8Recipes          = []string{"tensorwise", "rowwise", "rowwise_with_gw_hp"}
 	reshardModes           = []string{"default", "always", "never"}
 	rotateMethods          = []string{"allgather", "alltoall"}
 	exportDtypes           = []string{"float32", "bfloat16", "float16"}
@@ -189,8 +190,21 @@ func (j *Job) Validate() error {
 	m := j.Model
 	v.notEmpty("model.name", m.Name)
 	v.notEmpty("model.flavor", m.Flavor)
-	if len(m.Converters) > 0 {
-		v.unsupported("model.converters", fmt.Sprintf("%q", m.Converters), "[] (no converters)")
+	if len(m.Converters) > 1 || len(m.Converters) == 1 && m.Converters[0] != "float8" {
+		v.unsupported("model.converters", fmt.Sprintf("%q", m.Converters), `[] (no converters) or ["float8"]`)
+	}
+	f8 := j.Float8
+	if v.oneOf("float8.recipe_name", f8.RecipeName, float8Recipes) {
+		if f8.EnableFSDPFloat8AllGather && f8.RecipeName != "tensorwise" {
+			v.fail("float8.enable_fsdp_float8_all_gather", true, "needs float8.recipe_name \"tensorwise\" (got %q): rowwise scales are per row of the whole weight", f8.RecipeName)
+		}
+	}
+	// The float8 all-gather would have to hand the model the gathered
+	// weights' scales with their e4m3 bytes; titan's all-gathers move the
+	// parameter dtype (bfloat16 under mixed precision).
+	v.off("float8.enable_fsdp_float8_all_gather", f8.EnableFSDPFloat8AllGather && f8.RecipeName == "tensorwise")
+	if f8.PrecomputeFloat8DynamicScaleForFSDP && !f8.EnableFSDPFloat8AllGather {
+		v.fail("float8.precompute_float8_dynamic_scale_for_fsdp", true, "needs float8.enable_fsdp_float8_all_gather = true")
 	}
 
 	o := j.Optimizer
@@ -236,9 +250,8 @@ func (j *Job) Validate() error {
 	if t.Seed != nil {
 		v.atLeast("training.seed", *t.Seed, 0)
 	}
-	if v.oneOf("training.mixed_precision_param", t.MixedPrecisionParam, precisions) {
-		v.only("training.mixed_precision_param", t.MixedPrecisionParam, "float32")
-	}
+	v.oneOf("training.mixed_precision_param", t.MixedPrecisionParam, precisions)
+	v.oneOf("training.mixed_precision_reduce", t.MixedPrecisionReduce, precisions)
 	v.atLeast("training.threads", t.Threads, 0)
 	v.oneOf("training.device", t.Device, devices)
 

@@ -49,6 +49,8 @@ type Placement struct {
 	TPGroup, CPGroup comm.Group
 	// Stage is the part of the model's depth the rank computes.
 	Stage StageSpec
+	// Precision is how the part computes.
+	Precision Precision
 }
 
 // UnitHooks are called by a part's forward and backward around each unit

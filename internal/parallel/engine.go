@@ -109,6 +109,12 @@ type Options struct {
 	EvalRows, EvalT int
 	// Reshard is the FSDP reshard-after-forward policy.
 	Reshard fsdp.Reshard
+	// Precision is how the model computes (mixed precision, float8);
+	// under bfloat16 the FSDP all-gathers move bfloat16 (see fsdp).
+	Precision model.Precision
+	// Reduce is the dtype of the data-parallel gradient reductions
+	// (training.mixed_precision_reduce): backend.Float32 or BFloat16.
+	Reduce backend.DType
 }
 
 // engine is the one Engine of every layout. A rank holds its pipeline
@@ -211,7 +217,7 @@ func New(be backend.Backend, fam model.Family, g *Groups, o Options) (Engine, er
 		return nil, fmt.Errorf("parallel: a pipeline plan of %d stages on %d ranks for pipeline_parallel_degree %d", len(pp.Stages), pp.Schedule.PP, g.Mesh.PP)
 	}
 	e := &engine{fam: fam, g: g, be: be, o: o}
-	e.pl = model.Placement{TP: g.Mesh.TP, TPRank: g.TPRank(), CP: g.Mesh.CP, CPRank: g.CPRank(), TPGroup: g.TP, CPGroup: g.CP}
+	e.pl = model.Placement{TP: g.Mesh.TP, TPRank: g.TPRank(), CP: g.Mesh.CP, CPRank: g.CPRank(), TPGroup: g.TP, CPGroup: g.CP, Precision: o.Precision}
 	ppRank := g.coord(0)
 	byIndex := map[int]*stage{}
 	off := 0
@@ -288,6 +294,7 @@ func New(be backend.Backend, fam model.Family, g *Groups, o Options) (Engine, er
 		Reshard:  o.Reshard.Resolve(g.Mesh.PP > 1),
 		Segments: segments,
 		KeepLast: e.stages[len(e.stages)-1].index == last,
+		Param:    o.Precision.Param, Reduce: o.Reduce,
 	})
 	if err != nil {
 		return nil, err

@@ -71,9 +71,13 @@ func Plot(ctx context.Context, s *Store, ids []string, o PlotOptions, w io.Write
 		if err != nil {
 			return err
 		}
+		label := full
+		if run, err := s.Get(ctx, full); err == nil && run.Description != "" {
+			label = run.Description + " " + full // the legend says what each run was
+		}
 		col := plot.Palette[i%len(plot.Palette)]
-		raw := plot.Series{Label: full + " raw", Color: col, Dashed: true}
-		ema := plot.Series{Label: full, Color: col}
+		raw := plot.Series{Label: label + " raw", Color: col, Dashed: true}
+		ema := plot.Series{Label: label, Color: col}
 		for _, r := range recs {
 			v, ok := metricOf(r, o.Metric)
 			if !ok || !(v > 0) || math.IsInf(v, 0) {

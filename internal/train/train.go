@@ -12,12 +12,14 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/comm"
 	"github.com/titan-go/titan/internal/config"
 	"github.com/titan-go/titan/internal/data"
+	"github.com/titan-go/titan/internal/float8"
 	"github.com/titan-go/titan/internal/memplan"
 	"github.com/titan-go/titan/internal/mesh"
 	"github.com/titan-go/titan/internal/metrics"
@@ -172,8 +174,13 @@ func New(job *config.Job, dev Device, out io.Writer, dist *Dist) (*Trainer, erro
 	if err != nil {
 		return nil, fmt.Errorf("parallelism: %w", err)
 	}
+	prec, reduce, err := Precision(job)
+	if err != nil {
+		return nil, err
+	}
 	if tr.eng, err = parallel.New(be, tr.fam, tr.groups, parallel.Options{
 		Pipeline: pplan, T: T, EvalRows: v.LocalBatchSize, EvalT: v.SeqLen, Reshard: reshard,
+		Precision: prec, Reduce: reduce,
 	}); err != nil {
 		return nil, err
 	}
@@ -288,6 +295,12 @@ func ModelFamily(job *config.Job) (model.Family, error) {
 		if m := job.ActivationCheckpoint.Mode; m != "" && m != "none" {
 			return nil, fmt.Errorf("activation_checkpoint.mode %q: activation checkpointing is not supported for hyena yet (set it to \"none\")", m)
 		}
+		if job.Training.MixedPrecisionParam != "float32" {
+			return nil, fmt.Errorf("training.mixed_precision_param %q: not supported for hyena models yet (set it to \"float32\")", job.Training.MixedPrecisionParam)
+		}
+		if len(job.Model.Converters) > 0 {
+			return nil, fmt.Errorf("model.converters %q: not supported for hyena models (remove it)", job.Model.Converters)
+		}
 		fam = hyena.Family{Cfg: cfg}
 	default:
 		return nil, fmt.Errorf("model.name %q: titan trains llama3 and hyena models", job.Model.Name)
@@ -296,6 +309,28 @@ func ModelFamily(job *config.Job) (model.Family, error) {
 		return nil, fmt.Errorf("training.seq_len %d exceeds the %s %d of %s flavor %s", T, maxSeqKey(job), fam.MaxSeqLen(), job.Model.Name, job.Model.Flavor)
 	}
 	return fam, nil
+}
+
+// Precision is the model's compute precision and the gradient reduction
+// dtype of a validated recipe: training.mixed_precision_param,
+// training.mixed_precision_reduce, model.converters and [float8].
+func Precision(job *config.Job) (model.Precision, backend.DType, error) {
+	dtype := func(s string) backend.DType {
+		if s == "bfloat16" {
+			return backend.BFloat16
+		}
+		return backend.Float32
+	}
+	p := model.Precision{Param: dtype(job.Training.MixedPrecisionParam)}
+	if slices.Contains(job.Model.Converters, "float8") {
+		f := job.Float8
+		r, err := float8.ParseRecipe(f.RecipeName)
+		if err != nil {
+			return p, 0, err
+		}
+		p.Float8 = &float8.Config{Recipe: r, FilterFQNs: slices.Clone(f.FilterFQNs)}
+	}
+	return p, dtype(job.Training.MixedPrecisionReduce), nil
 }
 
 // maxSeqKey names the flavor key that bounds the sequence length.

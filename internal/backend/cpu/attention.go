@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/titan-go/titan/internal/backend"
+	"github.com/titan-go/titan/internal/backend/cpu/gemm"
 )
 
 // Causal grouped-query attention in the manner of FlashAttention-2:
@@ -45,6 +46,18 @@ func newAttnGeom(op string, d backend.AttentionDims, tile int) attnGeom {
 		group:         d.NH / d.NKV,
 		scale:         float32(1 / math.Sqrt(float64(d.HD))),
 	}
+}
+
+// mm is the tiles' product: sgemm, or with BF16 its bfloat16 twin.
+func (g *attnGeom) mm(transA, transB bool, m, n, k int, alpha float32,
+	a []float32, aOff, lda int, b []float32, bOff, ldb int, beta float32, c []float32, cOff, ldc int) {
+	if !g.BF16 {
+		sgemm(transA, transB, m, n, k, alpha, a, aOff, lda, b, bOff, ldb, beta, c, cOff, ldc)
+		return
+	}
+	sa, sb, sc := gemmSpans("attention", transA, transB, m, n, k, lda, ldb, ldc)
+	gemm.GemmBF16(nil, transA, transB, m, n, k, alpha,
+		gemm.F32(window(a, aOff, sa)), lda, gemm.F32(window(b, bOff, sb)), ldb, beta, window(c, cOff, sc), ldc)
 }
 
 // visible is the number of keys query i attends to.
@@ -126,7 +139,7 @@ func (g *attnGeom) forwardTile(buf, o, ls, qs, ks, vs []float32, bi, h, qt int) 
 		r0 := max(0, g.firstQuery(j0)-i0) // rows r0.. see key j0
 		nr := rows - r0
 		// S = scale * Q K^T for rows r0.. and the visible columns.
-		sgemm(false, true, nr, cols, HD, g.scale,
+		g.mm(false, true, nr, cols, HD, g.scale,
 			qs, g.qOff(bi, i0+r0, h), g.qRow,
 			ks, g.kOff(bi, j0, kvh), g.kRow,
 			0, s, 0, T)
@@ -156,7 +169,7 @@ func (g *attnGeom) forwardTile(buf, o, ls, qs, ks, vs []float32, bi, h, qt int) 
 			}
 		}
 		// O = O*alpha + P V.
-		sgemm(false, false, nr, HD, cols, 1,
+		g.mm(false, false, nr, HD, cols, 1,
 			s, 0, T,
 			vs, g.kOff(bi, j0, kvh), g.kRow,
 			beta, o, g.qOff(bi, i0+r0, h), g.qRow)
@@ -259,14 +272,14 @@ func (g *attnGeom) backwardKV(buf []float32, a *attnBackwardArgs, bi, kvh, kt in
 			qOff := g.qOff(bi, i0+r0, h)
 			sP, sDS := buf[:T*T], buf[T*T:2*T*T]
 			// dV += P^T dO
-			sgemm(true, false, cols, HD, nr, 1,
+			g.mm(true, false, cols, HD, nr, 1,
 				sP, 0, T, a.dout, qOff, g.qRow, 1, a.dv, kOff, g.kRow)
 			// dK += scale dS^T Q
-			sgemm(true, false, cols, HD, nr, g.scale,
+			g.mm(true, false, cols, HD, nr, g.scale,
 				sDS, 0, T, a.q, qOff, g.qRow, 1, a.dk, kOff, g.kRow)
 			if withDQ {
 				// dQ += scale dS K
-				sgemm(false, false, nr, HD, cols, g.scale,
+				g.mm(false, false, nr, HD, cols, g.scale,
 					sDS, 0, T, a.k, kOff, g.kRow, 1, a.dq, qOff, g.qRow)
 			}
 		}
@@ -285,7 +298,7 @@ func (g *attnGeom) backwardQ(buf []float32, a *attnBackwardArgs, bi, h, qt int) 
 		if nr == 0 {
 			continue
 		}
-		sgemm(false, false, nr, HD, cols, g.scale,
+		g.mm(false, false, nr, HD, cols, g.scale,
 			buf[T*T:2*T*T], 0, T, a.k, g.kOff(bi, j0, kvh), g.kRow, 1, a.dq, g.qOff(bi, i0+r0, h), g.qRow)
 	}
 }
@@ -310,8 +323,8 @@ func (g *attnGeom) backwardTile(buf []float32, a *attnBackwardArgs, bi, h, i0, j
 	sP, sDS := buf[:T*T], buf[T*T:2*T*T]
 	qOff, kOff := g.qOff(bi, i0+r0, h), g.kOff(bi, j0, kvh)
 	// S = scale Q K^T and dP = dO V^T.
-	sgemm(false, true, nr, cols, HD, g.scale, a.q, qOff, g.qRow, a.k, kOff, g.kRow, 0, sP, 0, T)
-	sgemm(false, true, nr, cols, HD, 1, a.dout, qOff, g.qRow, a.v, kOff, g.kRow, 0, sDS, 0, T)
+	g.mm(false, true, nr, cols, HD, g.scale, a.q, qOff, g.qRow, a.k, kOff, g.kRow, 0, sP, 0, T)
+	g.mm(false, true, nr, cols, HD, 1, a.dout, qOff, g.qRow, a.v, kOff, g.kRow, 0, sDS, 0, T)
 	for r := r0; r < rows; r++ {
 		c := min(cols, g.visible(i0+r)-j0)
 		lse := a.lse[g.lseOff(bi, h, i0+r)]

@@ -205,3 +205,49 @@ func TestAttentionBadDims(t *testing.T) {
 		b.AttentionForward(x, x, bf, x, x, backend.AttentionDims{B: 1, Tq: 1, Tk: 1, NH: 1, NKV: 1, HD: 4})
 	}, "AttentionForward", "q", "bfloat16")
 }
+
+// TestAttentionBF16: with BF16 the scores are products of the bfloat16
+// roundings of q and k: the log-sum-exp matches the float64 reference on
+// the rounded q, k within float32 error, and not the float32 path's; the
+// output (probabilities rounded to bfloat16 before P·V) is within the
+// bfloat16 bound of the rounded reference; the backward pass runs its
+// products in bfloat16 too (its gradients differ from float32's by
+// bfloat16 error, not more).
+func TestAttentionBF16(t *testing.T) {
+	d := backend.AttentionDims{B: 2, Tq: 70, Tk: 70, NH: 4, NKV: 2, HD: 32}
+	r := newRand(5)
+	nq, nk := d.B*d.Tq*d.NH*d.HD, d.B*d.Tk*d.NKV*d.HD
+	q, k, v, dout := randF32(r, nq, 1), randF32(r, nk, 1), randF32(r, nk, 1), randF32(r, nq, 1)
+	zq, zk := make([]float32, nq), make([]float32, nk)
+	d16 := d
+	d16.BF16 = true
+	got := runAttention(t, 2, 32, 0, d16, q, k, v, dout, zq, zk, zk)
+	f32 := runAttention(t, 2, 32, 0, d, q, k, v, dout, zq, zk, zk)
+	rq, rk, rv := roundBF16s(q), roundBF16s(k), roundBF16s(v)
+	wantOut, wantLse := refAttention(f64s(rq), f64s(rk), f64s(rv), d)
+	worstLse32 := 0.0
+	for i, w := range wantLse {
+		if dl := math.Abs(float64(got.lse[i]) - w); dl > 1e-5*math.Max(1, math.Abs(w)) {
+			t.Fatalf("lse[%d] = %v, want %v (scores of the rounded q, k)", i, got.lse[i], w)
+		}
+		worstLse32 = max(worstLse32, math.Abs(float64(f32.lse[i])-w))
+	}
+	if worstLse32 < 1e-4 {
+		t.Errorf("the float32 path's lse is within %.3g of the rounded reference: the test cannot tell them apart", worstLse32)
+	}
+	for i, w := range wantOut {
+		if do := math.Abs(float64(got.out[i]) - w); do > 1e-2 {
+			t.Fatalf("out[%d] = %v, want %v within the bfloat16 bound", i, got.out[i], w)
+		}
+	}
+	for name, pair := range map[string][2][]float32{"dq": {got.dq, f32.dq}, "dk": {got.dk, f32.dk}, "dv": {got.dv, f32.dv}} {
+		var d2, n2 float64
+		for i := range pair[0] {
+			e := float64(pair[0][i] - pair[1][i])
+			d2, n2 = d2+e*e, n2+float64(pair[1][i])*float64(pair[1][i])
+		}
+		if rel := math.Sqrt(d2 / n2); rel == 0 || rel > 2e-2 {
+			t.Errorf("%s differs from float32's by %.3g (L2 relative): want bfloat16 error, above 0 and below 2e-2", name, rel)
+		}
+	}
+}

@@ -54,17 +54,11 @@ func gemmSpans(op string, transA, transB bool, m, n, k, lda, ldb, ldc int) (sa, 
 // even while it is packed) with float32 accumulation into the float32 C.
 func (b *Backend) Gemm(transA, transB bool, m, n, k int, alpha float32, a backend.Tensor, lda int, bm backend.Tensor, ldb int, beta float32, c backend.Tensor, ldc int) {
 	const op = "Gemm"
-	sa, sb, sc := gemmSpans(op, transA, transB, m, n, k, lda, ldb, ldc)
 	if isBF16(a) || isBF16(bm) {
-		ao := gemmOperand(op, "a", a, sa)
-		bo := gemmOperand(op, "b", bm, sb)
-		cs := f32n(op, "c", c, sc)
-		if m == 0 || n == 0 {
-			return
-		}
-		gemm.GemmBF16(b.pool, transA, transB, m, n, k, alpha, ao, lda, bo, ldb, beta, cs, ldc)
+		b.gemmBF16(op, transA, transB, m, n, k, alpha, a, lda, bm, ldb, beta, c, ldc)
 		return
 	}
+	sa, sb, sc := gemmSpans(op, transA, transB, m, n, k, lda, ldb, ldc)
 	as := f32n(op, "a", a, sa)
 	bs := f32n(op, "b", bm, sb)
 	cs := f32n(op, "c", c, sc)
@@ -72,6 +66,24 @@ func (b *Backend) Gemm(transA, transB bool, m, n, k int, alpha float32, a backen
 		return
 	}
 	gemm.Sgemm(b.pool, transA, transB, m, n, k, alpha, as, lda, bs, ldb, beta, cs, ldc)
+}
+
+// GemmBF16 computes C = alpha*op(A)*op(B) + beta*C with gemm.GemmBF16:
+// both operands multiplied as bfloat16 (float32 ones rounded to nearest
+// even while packed), float32 accumulation into the float32 C.
+func (b *Backend) GemmBF16(transA, transB bool, m, n, k int, alpha float32, a backend.Tensor, lda int, bm backend.Tensor, ldb int, beta float32, c backend.Tensor, ldc int) {
+	b.gemmBF16("GemmBF16", transA, transB, m, n, k, alpha, a, lda, bm, ldb, beta, c, ldc)
+}
+
+func (b *Backend) gemmBF16(op string, transA, transB bool, m, n, k int, alpha float32, a backend.Tensor, lda int, bm backend.Tensor, ldb int, beta float32, c backend.Tensor, ldc int) {
+	sa, sb, sc := gemmSpans(op, transA, transB, m, n, k, lda, ldb, ldc)
+	ao := gemmOperand(op, "a", a, sa)
+	bo := gemmOperand(op, "b", bm, sb)
+	cs := f32n(op, "c", c, sc)
+	if m == 0 || n == 0 {
+		return
+	}
+	gemm.GemmBF16(b.pool, transA, transB, m, n, k, alpha, ao, lda, bo, ldb, beta, cs, ldc)
 }
 
 // isBF16 reports whether t is a view of bfloat16 memory.

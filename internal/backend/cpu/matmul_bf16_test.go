@@ -78,3 +78,28 @@ func uploadBF16(b *Backend, x []float32) backend.Tensor {
 	b.Upload(t, h)
 	return t
 }
+
+// TestGemmBF16Float32Operands: GemmBF16 on two float32 operands rounds
+// both to bfloat16: bit for bit Gemm with them uploaded as bfloat16, and
+// not the float32 product.
+func TestGemmBF16Float32Operands(t *testing.T) {
+	b := newTestBackend(t, 2)
+	const m, n, k = 40, 24, 72
+	r := newRand(9)
+	a, bm := randF32(r, m*k, 1), randF32(r, k*n, 1)
+	got, want, f32 := b.Alloc(backend.Float32, m*n), b.Alloc(backend.Float32, m*n), b.Alloc(backend.Float32, m*n)
+	b.GemmBF16(false, true, m, n, k, 1, upload(b, a), k, upload(b, bm), k, 0, got, n)
+	b.Gemm(false, true, m, n, k, 1, uploadBF16(b, a), k, uploadBF16(b, bm), k, 0, want, n)
+	b.Gemm(false, true, m, n, k, 1, upload(b, a), k, upload(b, bm), k, 0, f32, n)
+	g, w, f := download(b, got), download(b, want), download(b, f32)
+	differs := false
+	for i := range g {
+		if g[i] != w[i] {
+			t.Fatalf("C[%d] = %g, want %g (the product of the rounded operands)", i, g[i], w[i])
+		}
+		differs = differs || g[i] != f[i]
+	}
+	if !differs {
+		t.Fatal("GemmBF16 equals the float32 product: the operands were not rounded")
+	}
+}

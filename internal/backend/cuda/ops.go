@@ -23,6 +23,19 @@ func gemmSpan(rows, cols, ld, stride, batch int) int {
 
 // GemmStridedBatched runs batch Gemms at strides of the three operands.
 func (b *Backend) GemmStridedBatched(transA, transB bool, m, n, k int, alpha float32, a backend.Tensor, lda, strideA int, bm backend.Tensor, ldb, strideB int, beta float32, c backend.Tensor, ldc, strideC int, batch int) {
+	b.gemm(false, transA, transB, m, n, k, alpha, a, lda, strideA, bm, ldb, strideB, beta, c, ldc, strideC, batch)
+}
+
+// GemmBF16 is Gemm with both operands multiplied as bfloat16: a Float32
+// operand is first rounded to nearest even into scratch memory, as the
+// CPU backend rounds it while packing.
+func (b *Backend) GemmBF16(transA, transB bool, m, n, k int, alpha float32, a backend.Tensor, lda int, bm backend.Tensor, ldb int, beta float32, c backend.Tensor, ldc int) {
+	b.gemm(true, transA, transB, m, n, k, alpha, a, lda, 0, bm, ldb, 0, beta, c, ldc, 0, 1)
+}
+
+// gemm is GemmStridedBatched; with bf16 set both operands are multiplied
+// as bfloat16.
+func (b *Backend) gemm(bf16 bool, transA, transB bool, m, n, k int, alpha float32, a backend.Tensor, lda, strideA int, bm backend.Tensor, ldb, strideB int, beta float32, c backend.Tensor, ldc, strideC int, batch int) {
 	const op = "Gemm"
 	if m < 0 || n < 0 || k < 0 || batch < 0 {
 		panic(fmt.Sprintf("cuda: %s: bad dimensions m=%d n=%d k=%d batch=%d", op, m, n, k, batch))
@@ -50,10 +63,31 @@ func (b *Backend) GemmStridedBatched(transA, transB bool, m, n, k int, alpha flo
 			panic(fmt.Sprintf("cuda: %s: operand of type %s", op, dt))
 		}
 	}
-	bf := aDT == backend.BFloat16 || bDT == backend.BFloat16
-	if b.mm != nil {
+	locked := false
+	if bf16 && (aDT == backend.Float32 || bDT == backend.Float32) {
+		// Round the float32 operands into one scratch allocation (A's
+		// rounding first, B's after it) and multiply those.
 		b.mu.Lock()
 		defer b.mu.Unlock()
+		locked = true
+		sa, sb := gemmSpan(ar, ac, lda, strideA, batch), gemmSpan(br, bc, ldb, strideB, batch)
+		s := b.scratchBytes(2 * (sa + sb))
+		if aDT == backend.Float32 {
+			b.launch(op, "cast_f32_to_bf16", elemGrid(sa), Dim3{elemBlock, 1, 1}, s, pa, int64(sa))
+			pa, aDT = s, backend.BFloat16
+		}
+		if bDT == backend.Float32 {
+			t := s + uintptr(2*sa)
+			b.launch(op, "cast_f32_to_bf16", elemGrid(sb), Dim3{elemBlock, 1, 1}, t, pb, int64(sb))
+			pb, bDT = t, backend.BFloat16
+		}
+	}
+	bf := aDT == backend.BFloat16 || bDT == backend.BFloat16
+	if b.mm != nil {
+		if !locked {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+		}
 		if bf && aDT != bDT {
 			// cuBLASLt wants one input type: round the float32 operand.
 			if aDT == backend.Float32 {

@@ -465,6 +465,11 @@ func TestGemm(t *testing.T) {
 			p.g.Gemm(tc.ta, tc.tb, tc.m, tc.n, tc.k, tc.alpha, ag, lda, b.g, ldb, tc.beta, c.g, ldc)
 			p.c.Gemm(tc.ta, tc.tb, tc.m, tc.n, tc.k, tc.alpha, ac2, lda, b.c, ldb, tc.beta, c.c, ldc)
 			p.check(t, "Gemm", c, 1e-5, tol)
+			// Both operands multiplied as bfloat16 (the float32 ones
+			// rounded first), on both backends.
+			p.g.GemmBF16(tc.ta, tc.tb, tc.m, tc.n, tc.k, tc.alpha, ag, lda, b.g, ldb, tc.beta, c.g, ldc)
+			p.c.GemmBF16(tc.ta, tc.tb, tc.m, tc.n, tc.k, tc.alpha, ac2, lda, b.c, ldb, tc.beta, c.c, ldc)
+			p.check(t, "GemmBF16", c, 1e-5, 1e-4)
 			if tc.bf16A {
 				return // the CPU backend's strided batches are float32 only
 			}

@@ -86,6 +86,12 @@ func (f Family) NewPart(be backend.Backend, B, T int, pl model.Placement) (model
 	if err := f.Check(T, max(pl.TP, 1), max(pl.CP, 1)); err != nil {
 		return nil, err
 	}
+	if pl.Precision.BF16() {
+		return nil, fmt.Errorf("training.mixed_precision_param \"bfloat16\": not supported for hyena models yet (set it to \"float32\")")
+	}
+	if pl.Precision.Float8 != nil {
+		return nil, fmt.Errorf("model.converters [\"float8\"]: not supported for hyena models (remove it)")
+	}
 	spec := pl.Stage
 	m, err := New(be, f.Cfg, B, T, Options{Stage: &spec, External: true, LogitChunk: f.LogitChunk})
 	if err != nil {

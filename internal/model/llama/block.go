@@ -54,9 +54,9 @@ func (m *Model) layerForward(l int, out bool) error {
 		return err
 	}
 	span = trace.Begin(trace.CatGEMM, "qkv")
-	linear(be, a.q, a.attnNorm, p.Wq, N, D, m.nq, false)
-	linear(be, a.k, a.attnNorm, p.Wk, N, D, m.nkvd, false)
-	linear(be, a.v, a.attnNorm, p.Wv, N, D, m.nkvd, false)
+	m.linear(linKey{l, linWq}, a.q, a.attnNorm, p.Wq, N, D, m.nq, false)
+	m.linear(linKey{l, linWk}, a.k, a.attnNorm, p.Wk, N, D, m.nkvd, false)
+	m.linear(linKey{l, linWv}, a.v, a.attnNorm, p.Wv, N, D, m.nkvd, false)
 	span.End()
 	span = trace.Begin(trace.CatAttention, "attention")
 	m.rope(a.q, a.q, m.nh, false)
@@ -67,7 +67,7 @@ func (m *Model) layerForward(l int, out bool) error {
 		return err
 	}
 	span = trace.Begin(trace.CatGEMM, "wo")
-	err = m.rowOut(a.mid, m.resid[l], a.attn, p.Wo, m.nq)
+	err = m.rowOut(linKey{l, linWo}, a.mid, m.resid[l], a.attn, p.Wo, m.nq)
 	span.End()
 	if err != nil {
 		return err
@@ -80,8 +80,8 @@ func (m *Model) layerForward(l int, out bool) error {
 		return err
 	}
 	span = trace.Begin(trace.CatGEMM, "w1_w3")
-	linear(be, a.h1, a.ffnNorm, p.W1, N, D, m.f, false)
-	linear(be, a.h3, a.ffnNorm, p.W3, N, D, m.f, false)
+	m.linear(linKey{l, linW1}, a.h1, a.ffnNorm, p.W1, N, D, m.f, false)
+	m.linear(linKey{l, linW3}, a.h3, a.ffnNorm, p.W3, N, D, m.f, false)
 	span.End()
 	span = trace.Begin(trace.CatElementw, "swiglu")
 	be.SwiGLUForward(a.hs, a.h1, a.h3, N*m.f)
@@ -91,7 +91,7 @@ func (m *Model) layerForward(l int, out bool) error {
 	}
 	span = trace.Begin(trace.CatGEMM, "w2")
 	defer span.End()
-	return m.rowOut(m.resid[l+1], a.mid, a.hs, p.W2, m.f)
+	return m.rowOut(linKey{l, linW2}, m.resid[l+1], a.mid, a.hs, p.W2, m.f)
 }
 
 // layerBackward back-propagates through layer l (unit u): dres holds the
@@ -112,13 +112,14 @@ func (m *Model) layerBackward(l, u int, split bool) error {
 		be.Copy(dst, dout)
 		return dst
 	}
-	lin := func(dinp backend.Tensor, dw func() backend.Tensor, dout, inp, w backend.Tensor, in, outDim int, overwrite bool) {
+	lin := func(id linID, dinp backend.Tensor, dw func() backend.Tensor, dout, inp, w backend.Tensor, in, outDim int, overwrite bool) {
 		beta := float32(1)
 		if overwrite {
 			beta = 0
 		}
-		be.Gemm(false, false, N, in, outDim, 1, dout, outDim, w, in, beta, dinp, in)
-		m.weightGrad(u, split, dw, dout, inp, N, in, outDim)
+		k := linKey{l, id}
+		m.linearInputGrad(k, dinp, dout, w, N, in, outDim, beta)
+		m.weightGrad(u, split, k, dw, dout, inp, N, in, outDim)
 	}
 
 	// Feed-forward.
@@ -130,7 +131,7 @@ func (m *Model) layerBackward(l, u int, split bool) error {
 		dout = keep(o.ffnOut, dout)
 	}
 	span := trace.Begin(trace.CatGEMM, "w2_backward")
-	lin(m.dhs, func() backend.Tensor { return g().W2 }, dout, a.hs, p.W2, m.f, D, true)
+	lin(linW2, m.dhs, func() backend.Tensor { return g().W2 }, dout, a.hs, p.W2, m.f, D, true)
 	span.End()
 	span = trace.Begin(trace.CatElementw, "swiglu_backward")
 	be.Zero(dh1)
@@ -138,8 +139,8 @@ func (m *Model) layerBackward(l, u int, split bool) error {
 	be.SwiGLUBackward(dh1, dh3, m.dhs, a.h1, a.h3, N*m.f)
 	span.End()
 	span = trace.Begin(trace.CatGEMM, "w1_w3_backward")
-	lin(m.full, func() backend.Tensor { return g().W1 }, dh1, a.ffnNorm, p.W1, D, m.f, true)
-	lin(m.full, func() backend.Tensor { return g().W3 }, dh3, a.ffnNorm, p.W3, D, m.f, false)
+	lin(linW1, m.full, func() backend.Tensor { return g().W1 }, dh1, a.ffnNorm, p.W1, D, m.f, true)
+	lin(linW3, m.full, func() backend.Tensor { return g().W3 }, dh3, a.ffnNorm, p.W3, D, m.f, false)
 	span.End()
 	span = trace.Begin(trace.CatNorm, "ffn_norm_backward")
 	err = m.normBackward(m.dres, g().FFNNorm, m.full, a.mid, p.FFNNorm, a.ffnRstd)
@@ -156,7 +157,7 @@ func (m *Model) layerBackward(l, u int, split bool) error {
 		dout = keep(o.attnOut, dout)
 	}
 	span = trace.Begin(trace.CatGEMM, "wo_backward")
-	lin(m.dat, func() backend.Tensor { return g().Wo }, dout, a.attn, p.Wo, m.nq, D, true)
+	lin(linWo, m.dat, func() backend.Tensor { return g().Wo }, dout, a.attn, p.Wo, m.nq, D, true)
 	span.End()
 	span = trace.Begin(trace.CatAttention, "attention_backward")
 	err = m.attentionBackward(a, dv)
@@ -171,9 +172,9 @@ func (m *Model) layerBackward(l, u int, split bool) error {
 		return err
 	}
 	span = trace.Begin(trace.CatGEMM, "qkv_backward")
-	lin(m.full, func() backend.Tensor { return g().Wq }, dqr, a.attnNorm, p.Wq, D, m.nq, true)
-	lin(m.full, func() backend.Tensor { return g().Wk }, dkr, a.attnNorm, p.Wk, D, m.nkvd, false)
-	lin(m.full, func() backend.Tensor { return g().Wv }, dv, a.attnNorm, p.Wv, D, m.nkvd, false)
+	lin(linWq, m.full, func() backend.Tensor { return g().Wq }, dqr, a.attnNorm, p.Wq, D, m.nq, true)
+	lin(linWk, m.full, func() backend.Tensor { return g().Wk }, dkr, a.attnNorm, p.Wk, D, m.nkvd, false)
+	lin(linWv, m.full, func() backend.Tensor { return g().Wv }, dv, a.attnNorm, p.Wv, D, m.nkvd, false)
 	span.End()
 	span = trace.Begin(trace.CatNorm, "attention_norm_backward")
 	defer span.End()
@@ -248,18 +249,18 @@ func (m *Model) normBackward(dres, gw, dx, x, w, rstd backend.Tensor) error {
 	return nil
 }
 
-// rowOut computes dst [n, D] = resid + (inp [N, in] · w^T), the output of
+// rowOut computes, for layer k, dst [n, D] = resid + (inp [N, in] · w^T), the output of
 // a row-parallel linear summed over the tp ranks and scattered to this
 // rank's rows, plus the residual. At TP = 1 the product accumulates onto
 // a copy of the residual.
-func (m *Model) rowOut(dst, resid, inp, w backend.Tensor, in int) error {
+func (m *Model) rowOut(k linKey, dst, resid, inp, w backend.Tensor, in int) error {
 	be, N, D := m.be, m.N, m.Cfg.Dim
 	if m.tp() == 1 {
 		be.Copy(dst, resid)
-		linear(be, dst, inp, w, N, in, D, true)
+		m.linear(k, dst, inp, w, N, in, D, true)
 		return nil
 	}
-	linear(be, m.full, inp, w, N, in, D, false)
+	m.linear(k, m.full, inp, w, N, in, D, false)
 	if err := m.scatter(m.seq, m.full); err != nil {
 		return err
 	}
@@ -338,11 +339,17 @@ func (m *Model) blockPairs(src int, fn func(qOff, kOff, lOff int, d backend.Atte
 				if kp > qp {
 					continue // every key is after every query
 				}
-				d := backend.AttentionDims{B: 1, Tq: c, Tk: c, NH: m.nh, NKV: m.nkv, HD: m.hd, QPos: qp, KPos: kp}
+				d := backend.AttentionDims{B: 1, Tq: c, Tk: c, NH: m.nh, NKV: m.nkv, HD: m.hd, QPos: qp, KPos: kp, BF16: m.Precision.BF16()}
 				fn((b*2+qh)*c*m.nq, (b*2+kh)*c*m.nkvd, (b*2+qh)*m.nh*c, d)
 			}
 		}
 	}
+}
+
+// attnDims are the dimensions of causal attention over whole rows, its
+// products in the parameters' precision.
+func (m *Model) attnDims() backend.AttentionDims {
+	return backend.AttentionDims{B: m.B, Tq: m.T, Tk: m.T, NH: m.nh, NKV: m.nkv, HD: m.hd, BF16: m.Precision.BF16()}
 }
 
 // attention computes a.attn and a.lse from a.q, a.k, a.v: causal
@@ -352,7 +359,7 @@ func (m *Model) blockPairs(src int, fn func(qOff, kOff, lOff int, d backend.Atte
 func (m *Model) attention(a *layerActs) error {
 	be, N, cp := m.be, m.N, m.cp()
 	if cp == 1 {
-		be.AttentionForward(a.attn, a.lse, a.q, a.k, a.v, backend.AttentionDims{B: m.B, Tq: m.T, Tk: m.T, NH: m.nh, NKV: m.nkv, HD: m.hd})
+		be.AttentionForward(a.attn, a.lse, a.q, a.k, a.v, m.attnDims())
 		return nil
 	}
 	out := make([]float32, N*m.nq)
@@ -399,7 +406,7 @@ func (m *Model) attentionBackward(a *layerActs, dv backend.Tensor) error {
 	be.Zero(m.dk)
 	be.Zero(dv)
 	if cp == 1 {
-		be.AttentionBackward(m.dq, m.dk, dv, m.dat, a.q, a.k, a.v, a.attn, a.lse, backend.AttentionDims{B: m.B, Tq: m.T, Tk: m.T, NH: m.nh, NKV: m.nkv, HD: m.hd})
+		be.AttentionBackward(m.dq, m.dk, dv, m.dat, a.q, a.k, a.v, a.attn, a.lse, m.attnDims())
 		return nil
 	}
 	cur, next := make([]float32, 2*kvn), make([]float32, 2*kvn)

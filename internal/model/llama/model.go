@@ -96,6 +96,10 @@ type Model struct {
 	// its deferred weight-gradient products, by unit (see BackwardInput).
 	douts   []layerDouts
 	pending [][]func()
+	// f8 marks the linear layers that compute in float8 (see linear.go),
+	// f8buf is the float8 emulation's scratch.
+	f8    map[linKey]bool
+	f8buf [3]backend.Tensor
 }
 
 // New plans and allocates the part of a model given by plan for batches
@@ -213,6 +217,12 @@ func planModel(cfg Config, B, T int, plan Plan) (*Model, error) {
 	m.chunk = min(m.chunk, m.nv)
 	if !spec.Head {
 		m.chunk = 1 // no logits: keep their buffer small
+	}
+	if plan.Precision.Param != backend.Float32 && plan.Precision.Param != backend.BFloat16 {
+		return nil, fmt.Errorf("llama: parameters compute in float32 or bfloat16, not %v", plan.Precision.Param)
+	}
+	if err := m.planFloat8(); err != nil {
+		return nil, err
 	}
 	m.carve(func(n int) backend.Tensor {
 		m.activationsN += n
@@ -440,7 +450,7 @@ func (m *Model) Forward(tokens, targets []int32) (float32, error) {
 	}
 	if targets == nil {
 		if m.chunk == m.nv {
-			linear(be, m.logits, m.xfin, m.P.Output, N, D, m.nv, false)
+			m.linear(linKey{0, linOutput}, m.logits, m.xfin, m.P.Output, N, D, m.nv, false)
 		}
 		return 0, m.hook(afterForward, u)
 	}
@@ -527,7 +537,7 @@ func (m *Model) forEachChunk(fn func(logits backend.Tensor, off, nc int)) {
 	for off := 0; off < m.nv; off += m.chunk {
 		nc := min(m.chunk, m.nv-off)
 		logits := m.logits.Slice(0, N*nc)
-		linear(m.be, logits, m.xfin, m.P.Output.Slice(off*D, nc*D), N, D, nc, false)
+		m.linear(linKey{0, linOutput}, logits, m.xfin, m.P.Output.Slice(off*D, nc*D), N, D, nc, false)
 		fn(logits, off, nc)
 	}
 }
@@ -732,13 +742,14 @@ func (m *Model) backward(lossScale float32, split bool) error {
 			nc := min(m.chunk, m.nv-off)
 			logits := m.logits.Slice(0, N*nc)
 			w := m.P.Output.Slice(off*D, nc*D)
+			out := linKey{0, linOutput}
 			if !single {
-				linear(be, logits, m.xfin, w, N, D, nc, false)
+				m.linear(out, logits, m.xfin, w, N, D, nc, false)
 			}
 			be.CrossEntropyChunkBackward(logits, m.stats, m.targets, N, nc, m.v0+off, lossScale)
-			be.Gemm(false, false, N, D, nc, 1, logits, nc, w, D, 1, m.full, D)
+			m.linearInputGrad(out, m.full, logits, w, N, D, nc, 1)
 			// The logits gradient outlives this loop only with one chunk.
-			m.weightGrad(u, split && single, func() backend.Tensor { return m.G.Output.Slice(off*D, nc*D) }, logits, m.xfin, N, D, nc)
+			m.weightGrad(u, split && single, out, func() backend.Tensor { return m.G.Output.Slice(off*D, nc*D) }, logits, m.xfin, N, D, nc)
 		}
 		// The logits buffer now holds gradients; the forward's logits are gone.
 		m.haveTargets = false
@@ -788,9 +799,8 @@ func (m *Model) backward(lossScale float32, split bool) error {
 // weightGrad accumulates dw += dout^T·inp (dout [N, out], inp [N, in])
 // for unit u now, or, when deferred, in BackwardWeight; dw is looked up
 // when the product runs, on the gradients bound then.
-func (m *Model) weightGrad(u int, deferred bool, dw func() backend.Tensor, dout, inp backend.Tensor, N, in, outDim int) {
-	be := m.be
-	run := func() { be.Gemm(true, false, outDim, in, N, 1, dout, outDim, inp, in, 1, dw(), in) }
+func (m *Model) weightGrad(u int, deferred bool, k linKey, dw func() backend.Tensor, dout, inp backend.Tensor, N, in, outDim int) {
+	run := func() { m.linearWeightGrad(k, dw(), dout, inp, N, in, outDim) }
 	if deferred {
 		m.pending[u] = append(m.pending[u], run)
 		return

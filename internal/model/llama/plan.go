@@ -43,6 +43,12 @@ type Plan struct {
 	// (zero value: none). A pipeline stage numbers its own layers from 0
 	// for the selective "N" rule.
 	Checkpoint ActivationCheckpoint
+	// Precision is the parameters' compute dtype and the float8 linear
+	// layers (zero value: float32). Under bfloat16 the caller binds the
+	// bfloat16 rounding of the parameters (the engine's FSDP runtime
+	// does); the model computes every linear layer's products in
+	// bfloat16 (see linear.go).
+	Precision model.Precision
 }
 
 func (p Plan) tp() int { return max(p.TP, 1) }

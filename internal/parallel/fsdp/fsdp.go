@@ -20,6 +20,21 @@
 //
 // Collectives fold contributions in rank order, so a given layout
 // reproduces bitwise from run to run.
+//
+// # Mixed precision
+//
+// As FSDP2's MixedPrecisionPolicy: with Config.Param bfloat16 each rank
+// rounds its float32 parameter shards to bfloat16 once per step (the first
+// use after Invalidate, that is after the optimizer step) and the
+// all-gathers move bfloat16, half the bytes; the model computes with the
+// gathered bfloat16 values (widened into float32 unit buffers, exactly).
+// Without sharding the model is bound to a bfloat16-rounded copy of the
+// local parameters, so that every layout computes with the same values.
+// The float32 shards stay the masters the optimizer updates. With
+// Config.Reduce bfloat16 each unit's gradient is rounded to bfloat16
+// before its reduce-scatter and all-reduce (comm accumulates in float32
+// and rounds the result once); the reduced shard is added to the float32
+// gradient shard.
 package fsdp
 
 import (
@@ -29,6 +44,7 @@ import (
 
 	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/comm"
+	"github.com/titan-go/titan/internal/numeric"
 )
 
 // Reshard is the fsdp_reshard_after_forward policy.
@@ -98,6 +114,12 @@ type Config struct {
 	// forward whatever the policy, because its backward follows at once
 	// (the unit with the loss).
 	KeepLast bool
+	// Param is the dtype the model computes with, backend.Float32 (the
+	// zero value) or backend.BFloat16 (see Mixed precision above).
+	Param backend.DType
+	// Reduce is the dtype of the gradient reductions, backend.Float32 or
+	// backend.BFloat16.
+	Reduce backend.DType
 }
 
 // Range is a range [Lo, Hi) of flat-buffer elements.
@@ -168,6 +190,15 @@ type Runtime struct {
 	pAlloc int              // parameter buffers allocated
 	gAlloc int              // gradient buffers allocated
 	queue  []*reduction     // gradient reductions in flight, in issue order
+
+	// Mixed precision (see the package comment).
+	param, reduce backend.DType
+	lowp          []uint16                     // bfloat16 rounding of Params
+	lowpValid     bool                         // lowp (and compute) hold the current Params
+	compute       backend.Tensor               // unsharded: the bound bfloat16-valued copy of Params
+	pbits         [][]uint16                   // gather in flight: its bfloat16 receive buffer, by unit
+	bits          map[*backend.Memory][]uint16 // bfloat16 twin of each unit buffer
+	gathers       int                          // all-gathers issued (for tests)
 }
 
 // reduction is one unit's gradient reduction: a reduce-scatter over the
@@ -175,6 +206,7 @@ type Runtime struct {
 type reduction struct {
 	unit  int
 	buf   backend.Tensor
+	bits  []uint16 // bfloat16 reductions: the unit's rounded gradient
 	work  *comm.Work
 	stage int // 1: reduce-scatter in flight, 2: all-reduce in flight
 }
@@ -210,9 +242,18 @@ func New(be backend.Backend, units []Range, bind Binder, c Config) (*Runtime, er
 	if err != nil {
 		return nil, err
 	}
+	for _, d := range []struct {
+		what string
+		t    backend.DType
+	}{{"parameter", c.Param}, {"reduction", c.Reduce}} {
+		if d.t != backend.Float32 && d.t != backend.BFloat16 {
+			return nil, fmt.Errorf("fsdp: %s dtype %v: want float32 or bfloat16", d.what, d.t)
+		}
+	}
 	r := &Runtime{
 		Layout: lay, be: be, bind: bind, shard: shard, replicate: replicate,
 		reshard: c.Reshard, blocking: c.Blocking, maxGrad: c.MaxGradBuffers, keepLast: c.KeepLast,
+		param: c.Param, reduce: c.Reduce, bits: map[*backend.Memory][]uint16{},
 	}
 	r.segment = make([]int, len(units))
 	for _, first := range c.Segments {
@@ -236,17 +277,27 @@ func New(be backend.Backend, units []Range, bind Binder, c Config) (*Runtime, er
 		return nil, fmt.Errorf("fsdp: the backend's memory is not host memory; sharded data parallelism needs host buffers")
 	}
 	r.pbuf, r.pwork, r.gbuf = make([]backend.Tensor, n), make([]*comm.Work, n), make([]backend.Tensor, n)
+	r.pbits = make([][]uint16, n)
 	r.local1 = shard == nil && replicate == nil
+	if r.param == backend.BFloat16 {
+		r.lowp = make([]uint16, lay.Len)
+	}
 	if shard == nil {
 		// Every rank holds whole units: the model computes on the local
-		// parameters directly (and, with no group at all, accumulates
-		// into the local gradients: the hooks have nothing to do).
+		// parameters directly, or on their bfloat16 copy (and, with no
+		// group at all, accumulates into the local gradients: the hooks
+		// have nothing to do).
+		params := r.Params
+		if r.param == backend.BFloat16 {
+			r.compute = be.Alloc(backend.Float32, lay.Len)
+			params = r.compute
+		}
 		for u := range lay.Units {
 			g := backend.Tensor{}
 			if r.local1 {
 				g = r.local(r.Grads, u)
 			}
-			bind(u, r.local(r.Params, u), g)
+			bind(u, r.local(params, u), g)
 		}
 	}
 	return r, nil
@@ -287,9 +338,11 @@ func (r *Runtime) Init(fill func(lo int, dst []float32)) {
 // backward.
 func (r *Runtime) ZeroGrad() { r.be.Zero(r.Grads) }
 
-// Invalidate drops every gathered parameter buffer; call it whenever the
-// parameter shards change (optimizer step, load).
+// Invalidate drops every gathered parameter buffer (and the bfloat16
+// rounding of the shards); call it whenever the parameter shards change
+// (optimizer step, load).
 func (r *Runtime) Invalidate() {
+	r.lowpValid = false
 	for u := range r.pbuf {
 		if r.pwork[u] != nil {
 			r.pwork[u].Wait() // an unused prefetch; its error resurfaces on the next collective
@@ -303,7 +356,14 @@ func (r *Runtime) Invalidate() {
 // (gathered parameters and unit gradients), the transient part of the
 // sharded state.
 func (r *Runtime) BufferBytes() int64 {
-	return int64(r.pAlloc+r.gAlloc) * int64(r.unitMax) * 4
+	n := int64(r.pAlloc+r.gAlloc) * int64(r.unitMax) * 4
+	// Mixed precision: the bfloat16 shards, the unsharded bound copy and
+	// the bfloat16 twins of the unit buffers.
+	n += int64(len(r.lowp))*2 + int64(r.compute.Len)*4
+	for _, b := range r.bits {
+		n += int64(len(b)) * 2
+	}
+	return n
 }
 
 // StateBytes is the memory of this rank's parameter and gradient shards.
@@ -328,8 +388,36 @@ func (r *Runtime) releaseParams(u int) {
 	r.pbuf[u] = backend.Tensor{}
 }
 
+// round makes the bfloat16 rounding of the parameter shards current (and,
+// without sharding, the bound copy), once after each Invalidate.
+func (r *Runtime) round() {
+	if r.param != backend.BFloat16 || r.lowpValid {
+		return
+	}
+	r.lowpValid = true
+	numeric.Float32sToBF16(r.lowp, host(r.Params))
+	if r.compute.Mem != nil {
+		numeric.BF16sToFloat32(host(r.compute), r.lowp)
+	}
+}
+
+// twin returns the bfloat16 buffer paired with unit buffer t's memory
+// (the whole pool buffer), allocated on first use.
+func (r *Runtime) twin(t backend.Tensor) []uint16 {
+	b, ok := r.bits[t.Mem]
+	if !ok {
+		b = make([]uint16, t.Mem.Len)
+		r.bits[t.Mem] = b
+	}
+	return b[t.Off : t.Off+t.Len]
+}
+
+// Gathers is the number of parameter all-gathers issued so far.
+func (r *Runtime) Gathers() int { return r.gathers }
+
 // gather issues the all-gather of unit u's parameters unless they are
-// gathered or on their way.
+// gathered or on their way: of the float32 shards, or of their bfloat16
+// rounding into the unit buffer's bfloat16 twin (widened when it lands).
 func (r *Runtime) gather(u int) error {
 	if r.shard == nil || r.pbuf[u].Mem != nil {
 		return nil
@@ -338,7 +426,15 @@ func (r *Runtime) gather(u int) error {
 	full := buf.Slice(0, r.Units[u].Len())
 	r.pbuf[u] = full
 	gatheredBytes.Add(int64(full.Len) * 4)
-	r.pwork[u] = r.shard.AllGatherAsync(ctx, comm.F32(host(r.local(r.Params, u))), comm.F32(host(full)))
+	r.gathers++
+	if r.param == backend.BFloat16 {
+		r.round()
+		bits := r.twin(full)
+		r.pbits[u] = bits
+		r.pwork[u] = r.shard.AllGatherAsync(ctx, comm.BF16(r.lowp[r.Local[u]:r.Local[u]+r.Shards[u].Len()]), comm.BF16(bits))
+	} else {
+		r.pwork[u] = r.shard.AllGatherAsync(ctx, comm.F32(host(r.local(r.Params, u))), comm.F32(host(full)))
+	}
 	if r.blocking {
 		return r.waitGather(u)
 	}
@@ -354,6 +450,10 @@ func (r *Runtime) waitGather(u int) error {
 	if err := w.Wait(); err != nil {
 		return fmt.Errorf("fsdp: all-gather of unit %d: %w", u, err)
 	}
+	if bits := r.pbits[u]; bits != nil {
+		numeric.BF16sToFloat32(host(r.pbuf[u]), bits)
+		r.pbits[u] = nil
+	}
 	return nil
 }
 
@@ -361,6 +461,7 @@ func (r *Runtime) waitGather(u int) error {
 // the gather of unit next (-1: none).
 func (r *Runtime) use(u, next int) error {
 	if r.shard == nil {
+		r.round()
 		return nil
 	}
 	if err := r.gather(u); err != nil {
@@ -428,12 +529,17 @@ func (r *Runtime) AfterBackward(u int) error {
 	g := r.gbuf[u]
 	r.gbuf[u] = backend.Tensor{}
 	red := &reduction{unit: u, buf: g, stage: 1}
+	send := comm.F32(host(g))
+	if r.reduce == backend.BFloat16 {
+		red.bits = r.twin(g)
+		numeric.Float32sToBF16(red.bits, host(g))
+		send = comm.BF16(red.bits)
+	}
 	if r.shard != nil {
-		chunk := host(g)[r.Shards[u].Lo-r.Units[u].Lo : r.Shards[u].Hi-r.Units[u].Lo]
-		red.work = r.shard.ReduceScatterAsync(ctx, comm.F32(host(g)), comm.F32(chunk), comm.Sum)
+		red.work = r.shard.ReduceScatterAsync(ctx, send, red.chunk(r), comm.Sum)
 	} else {
 		red.stage = 2
-		red.work = r.replicate.AllReduceAsync(ctx, comm.F32(host(g)), comm.Sum)
+		red.work = r.replicate.AllReduceAsync(ctx, send, comm.Sum)
 	}
 	r.queue = append(r.queue, red)
 	r.releaseParams(u)
@@ -456,11 +562,9 @@ func (r *Runtime) progress(wait bool) error {
 		if err := red.work.Wait(); err != nil {
 			return fmt.Errorf("fsdp: gradient reduction of unit %d: %w", red.unit, err)
 		}
-		s := r.Shards[red.unit]
-		chunk := host(red.buf)[s.Lo-r.Units[red.unit].Lo : s.Hi-r.Units[red.unit].Lo]
 		if red.stage == 1 && r.replicate != nil {
 			red.stage = 2
-			red.work = r.replicate.AllReduceAsync(ctx, comm.F32(chunk), comm.Sum)
+			red.work = r.replicate.AllReduceAsync(ctx, red.chunk(r), comm.Sum)
 			if r.blocking {
 				continue
 			}
@@ -469,8 +573,16 @@ func (r *Runtime) progress(wait bool) error {
 			return r.promote()
 		}
 		dst := host(r.local(r.Grads, red.unit))
-		for i, v := range chunk {
-			dst[i] += v
+		s := r.Shards[red.unit]
+		lo, hi := s.Lo-r.Units[red.unit].Lo, s.Hi-r.Units[red.unit].Lo
+		if red.bits != nil {
+			for i, v := range red.bits[lo:hi] {
+				dst[i] += numeric.BF16ToFloat32(v)
+			}
+		} else {
+			for i, v := range host(red.buf)[lo:hi] {
+				dst[i] += v
+			}
 		}
 		r.gfree = append(r.gfree, whole(red.buf))
 		r.queue = r.queue[1:]
@@ -497,12 +609,21 @@ func (r *Runtime) promote() error {
 		if err := red.work.Wait(); err != nil {
 			return fmt.Errorf("fsdp: gradient reduction of unit %d: %w", red.unit, err)
 		}
-		s := r.Shards[red.unit]
-		chunk := host(red.buf)[s.Lo-r.Units[red.unit].Lo : s.Hi-r.Units[red.unit].Lo]
 		red.stage = 2
-		red.work = r.replicate.AllReduceAsync(ctx, comm.F32(chunk), comm.Sum)
+		red.work = r.replicate.AllReduceAsync(ctx, red.chunk(r), comm.Sum)
 	}
 	return nil
+}
+
+// chunk is this rank's shard of the reduction's unit gradient, in the
+// reduction's dtype.
+func (red *reduction) chunk(r *Runtime) comm.Buffer {
+	s := r.Shards[red.unit]
+	lo, hi := s.Lo-r.Units[red.unit].Lo, s.Hi-r.Units[red.unit].Lo
+	if red.bits != nil {
+		return comm.BF16(red.bits[lo:hi])
+	}
+	return comm.F32(host(red.buf)[lo:hi])
 }
 
 // Finish completes every gradient reduction; call it after the step's

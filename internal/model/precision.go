@@ -1,0 +1,29 @@
+package model
+
+import (
+	"github.com/titan-go/titan/internal/backend"
+	"github.com/titan-go/titan/internal/float8"
+)
+
+// Precision is how a part computes (training.mixed_precision_param and
+// model.converters). Its zero value is float32 throughout.
+type Precision struct {
+	// Param is the dtype parameters are computed in: backend.Float32, or
+	// backend.BFloat16 for mixed precision. With BFloat16 the engine binds
+	// the bfloat16 rounding of every float32 master parameter (norm
+	// weights and the embedding included, as FSDP's param_dtype casts
+	// every parameter) and every linear layer multiplies its input and
+	// weight as bfloat16 with float32 accumulation (as autocast rounds a
+	// matmul's operands), and so do attention's products (Q·Kᵀ, P·V and
+	// those of its backward: the probabilities are rounded to bfloat16
+	// before P·V, as a bfloat16 attention kernel does); everything else —
+	// the residual stream, RoPE, the softmax and its statistics, the
+	// norms, SwiGLU, the loss, the gradients and the optimizer — stays
+	// float32, in float32 buffers.
+	Param backend.DType
+	// Float8 converts linear layers to float8 (nil: none).
+	Float8 *float8.Config
+}
+
+// BF16 reports whether parameters compute in bfloat16.
+func (p Precision) BF16() bool { return p.Param == backend.BFloat16 }
