@@ -370,6 +370,12 @@ var keyTable = map[string]keyCheck{
 	"float8.filter_fqns":                              {coveredBy: "TestFloat8Trains"},
 	"float8.enable_fsdp_float8_all_gather":            {refuse: "true"},
 	"float8.precompute_float8_dynamic_scale_for_fsdp": {inertUnless: "float8.enable_fsdp_float8_all_gather"},
+	// training.device: "cuda" takes the CUDA backend, which on a machine
+	// without a GPU (CI) is an error naming the key; TestDevicesWithoutGPU
+	// checks its text.
+	"training.device": {check: func(t *testing.T, h *keysHarness) {
+		h.fails(t, `training.device = "cuda"`, "training.device=cuda")
+	}},
 	"training.threads": {check: func(t *testing.T, h *keysHarness) {
 		h.logDiffers(t, `, 2 threads per rank`, "training.threads=2")
 	}},
