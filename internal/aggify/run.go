@@ -391,22 +391,31 @@ func (p *Program) Client(ctx context.Context, conn *pgx.Conn, args []string) (*R
 	if err != nil {
 		return nil, err
 	}
-	res := &Result{Mode: "client", Elapsed: time.Since(start)}
+	return &Result{Mode: "client", Elapsed: time.Since(start), Columns: resultColumns(f), Rows: [][]string{textRow(out)}}, nil
+}
+
+// resultColumns names f's results as a query of it does: the function's
+// name for a RETURNS function, else its OUT parameters.
+func resultColumns(f *Func) []string {
 	if f.Returns != "" {
-		res.Columns = []string{f.Name}
-	} else {
-		for _, o := range f.OutParams() {
-			res.Columns = append(res.Columns, o.Name)
-		}
+		return []string{f.Name}
 	}
-	row := make([]string, len(out))
-	for i, v := range out {
+	var cols []string
+	for _, o := range f.OutParams() {
+		cols = append(cols, o.Name)
+	}
+	return cols
+}
+
+// textRow is vals as text, NULL for nil.
+func textRow(vals []Value) []string {
+	row := make([]string, len(vals))
+	for i, v := range vals {
 		if v == nil {
 			row[i] = "NULL"
 		} else {
 			row[i] = textOfValue(v)
 		}
 	}
-	res.Rows = [][]string{row}
-	return res, nil
+	return row
 }

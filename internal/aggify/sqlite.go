@@ -494,24 +494,7 @@ func (p *Program) RunSQLite(ctx context.Context, db *sql.DB, mode Mode, args []s
 	if err != nil {
 		return nil, err
 	}
-	res := &Result{Mode: mode, Elapsed: time.Since(start)}
-	if r.Func.Returns != "" {
-		res.Columns = []string{r.Func.Name}
-	} else {
-		for _, o := range r.Func.OutParams() {
-			res.Columns = append(res.Columns, o.Name)
-		}
-	}
-	row := make([]string, len(out))
-	for i, v := range out {
-		if v == nil {
-			row[i] = "NULL"
-		} else {
-			row[i] = textOfValue(v)
-		}
-	}
-	res.Rows = [][]string{row}
-	return res, nil
+	return &Result{Mode: mode, Elapsed: time.Since(start), Columns: resultColumns(r.Func), Rows: [][]string{textRow(out)}}, nil
 }
 
 // callSQLite runs the file's function name on db in mode with vals (the

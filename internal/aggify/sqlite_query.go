@@ -102,15 +102,11 @@ func (p *Program) runSQLiteQuery(ctx context.Context, db *sql.DB, mode Mode) (*R
 		if err := rows.Scan(ptrs...); err != nil {
 			return nil, err
 		}
-		row := make([]string, len(vals))
+		row := make([]Value, len(vals))
 		for i, v := range vals {
-			if v = sqliteValue(v); v == nil {
-				row[i] = "NULL"
-			} else {
-				row[i] = textOfValue(v)
-			}
+			row[i] = sqliteValue(v)
 		}
-		res.Rows = append(res.Rows, row)
+		res.Rows = append(res.Rows, textRow(row))
 	}
 	return res, rows.Err()
 }
@@ -143,12 +139,9 @@ func (p *Program) lateralCalls(sel *pg_query.SelectStmt) ([]lateralCall, error) 
 		if rf.Alias != nil {
 			c.alias = rf.Alias.Aliasname
 		}
+		c.cols = resultColumns(fn)
 		if fn.Returns != "" {
-			c.cols = []string{c.alias}
-		} else {
-			for _, o := range fn.OutParams() {
-				c.cols = append(c.cols, o.Name)
-			}
+			c.cols = []string{c.alias} // a scalar function in FROM is named by its alias
 		}
 		if rf.Alias != nil && len(rf.Alias.Colnames) > 0 {
 			if len(rf.Alias.Colnames) > len(c.cols) {

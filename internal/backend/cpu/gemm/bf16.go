@@ -1,8 +1,6 @@
 package gemm
 
 import (
-	"fmt"
-	"strings"
 	"sync/atomic"
 
 	"github.com/titan-go/titan/internal/backend/cpu/workpool"
@@ -61,13 +59,7 @@ func init() { activeBF16.Store(bf16Kernels[0]) }
 // supports, fastest first: "avx512bf16" (VDPBF16PS) where the CPU has
 // AVX512_BF16, then the float32 kernels of Kernels, which run on the
 // operands rounded to bfloat16.
-func BF16Kernels() []string {
-	names := make([]string, len(bf16Kernels))
-	for i, k := range bf16Kernels {
-		names[i] = k.name
-	}
-	return names
-}
+func BF16Kernels() []string { return kernelNames(bf16Kernels) }
 
 // BF16Kernel returns the name of the GemmBF16 kernel in use.
 func BF16Kernel() string { return activeBF16.Load().name }
@@ -75,13 +67,7 @@ func BF16Kernel() string { return activeBF16.Load().name }
 // SetBF16Kernel selects the GemmBF16 kernel by name (see BF16Kernels),
 // for tests and benchmarks.
 func SetBF16Kernel(name string) error {
-	for _, k := range bf16Kernels {
-		if k.name == name {
-			activeBF16.Store(k)
-			return nil
-		}
-	}
-	return fmt.Errorf("gemm: bf16 kernel %q not supported on this machine (have %s)", name, strings.Join(BF16Kernels(), ", "))
+	return selectKernel("bf16 kernel", bf16Kernels, &activeBF16, name)
 }
 
 // roundingKernels returns the float32 kernels with packing that rounds

@@ -67,12 +67,27 @@ func init() { active.Store(kernels[0]) }
 
 // Kernels returns the names of the micro-kernels this machine supports,
 // fastest first: a subset of "avx512", "avx2" and "generic".
-func Kernels() []string {
-	names := make([]string, len(kernels))
-	for i, k := range kernels {
+func Kernels() []string { return kernelNames(kernels) }
+
+// kernelNames returns the names of ks.
+func kernelNames(ks []*kernel) []string {
+	names := make([]string, len(ks))
+	for i, k := range ks {
 		names[i] = k.name
 	}
 	return names
+}
+
+// selectKernel stores in active the kernel of ks named name; what names
+// the list in the error.
+func selectKernel(what string, ks []*kernel, active *atomic.Pointer[kernel], name string) error {
+	for _, k := range ks {
+		if k.name == name {
+			active.Store(k)
+			return nil
+		}
+	}
+	return fmt.Errorf("gemm: %s %q not supported on this machine (have %s)", what, name, strings.Join(kernelNames(ks), ", "))
 }
 
 // Kernel returns the name of the micro-kernel in use.
@@ -81,15 +96,7 @@ func Kernel() string { return active.Load().name }
 // SetKernel selects the micro-kernel by name (see Kernels) for the
 // multiplications that start after it returns. It is meant for tests and
 // benchmarks; by default the fastest supported kernel runs.
-func SetKernel(name string) error {
-	for _, k := range kernels {
-		if k.name == name {
-			active.Store(k)
-			return nil
-		}
-	}
-	return fmt.Errorf("gemm: kernel %q not supported on this machine (have %s)", name, strings.Join(Kernels(), ", "))
-}
+func SetKernel(name string) error { return selectKernel("kernel", kernels, &active, name) }
 
 // microGeneric is the portable 4×4 micro-kernel.
 func microGeneric(kc int, a, b, c []float32, ldc int, alpha, beta float32, rows, cols int) {
