@@ -3,8 +3,9 @@
 # STEPS steps in float32, in bfloat16 mixed precision and with float8
 # linear layers under each scaling recipe (bfloat16 elsewhere, as
 # torchtitan runs float8), overlaid in one plot (titan plot, from the run
-# store), and each final loss against float32's: the must-show of issue
-# 12 is every ratio within 2%.
+# store), with a second plot of each loss relative to float32's at the
+# same step (OUT's folder, loss_vs_float32.png), and each final loss
+# against float32's: the must-show of issue 12 is every ratio within 2%.
 #
 # The per-step losses go to OUT.png's folder as losses.csv (one column per
 # run) and the final-loss summary as summary.txt.
@@ -61,3 +62,7 @@ PY
 cp "$out/summary.txt" "$(dirname "$png")/summary.txt"
 ids=($(sed -n 's/.* run \([^ ]*\) .*/\1/p' "$out/summary.txt"))
 ./bin/titan plot "${ids[@]}" --db "$db" --metric loss --out "$png"
+# The curves lie on top of each other at this scale: the second plot draws
+# each run's loss relative to float32's at the same step, in percent.
+./bin/titan plot "${ids[@]:1}" --relative-to "${ids[0]}" --db "$db" --metric loss --smooth 0.7 \
+	--out "$(dirname "$png")/loss_vs_float32.png"

@@ -1,5 +1,5 @@
 // Package plot draws small line charts as PNG images with the standard
-// library alone: log-log axes, one polyline per series (solid or
+// library alone: logarithmic or linear axes, one polyline per series (solid or
 // dashed), a legend, and labels in a built-in 5×7 bitmap font (capital
 // letters, digits, common punctuation).
 package plot
@@ -18,7 +18,7 @@ import (
 
 // Series is one line of a chart.
 type Series struct {
-	// Label names the series in the legend.
+	// Label names the series in the legend (empty: drawn, not listed).
 	Label string
 	// X and Y are the points, the same number of each, all positive on
 	// log axes.
@@ -29,17 +29,21 @@ type Series struct {
 	Dashed bool
 }
 
-// LogLog is a chart with logarithmic axes.
-type LogLog struct {
+// Chart is a line chart with logarithmic axes, or linear ones where
+// asked.
+type Chart struct {
 	Title, XLabel, YLabel string
 	// Notes are extra lines printed under the legend.
 	Notes  []string
 	Series []Series
 	// Width and Height of the image in pixels (0: 1000 × 640).
 	Width, Height int
-	// XBase2 labels the x axis at powers of two ("2^10"), else at
+	// XBase2 labels a log x axis at powers of two ("2^10"), else at
 	// powers of ten.
 	XBase2 bool
+	// LinearX and LinearY draw that axis on a linear scale (values may
+	// then be zero or negative).
+	LinearX, LinearY bool
 }
 
 // Palette holds distinct colors for series.
@@ -60,7 +64,7 @@ var (
 )
 
 // WritePNG renders the chart and encodes it to w.
-func (p LogLog) WritePNG(w io.Writer) error {
+func (p Chart) WritePNG(w io.Writer) error {
 	img, err := p.Render()
 	if err != nil {
 		return err
@@ -143,8 +147,126 @@ func (c canvas) vtext(x, y int, s string, scale int, col color.RGBA) {
 	}
 }
 
+// axis maps data values on one axis to [0, 1], on a log or a linear
+// scale, and chooses its ticks.
+type axis struct {
+	lo, hi float64 // in the scale's units: log10 of the values, or the values
+	log    bool
+	base2  bool    // log axis labelled at powers of two
+	step   float64 // a linear axis's tick step (0: from the span)
+}
+
+// newAxis spans [vmin, vmax]. A log axis reaches whole decades when tight
+// is false; a linear one is padded by 5% and ends on ticks.
+func newAxis(vmin, vmax float64, log, base2, tight bool) axis {
+	a := axis{log: log, base2: base2}
+	if log {
+		a.lo, a.hi = math.Log10(vmin), math.Log10(vmax)
+		if a.hi-a.lo < 1e-9 {
+			a.lo, a.hi = a.lo-0.5, a.hi+0.5
+		}
+		if tight {
+			pad := (a.hi - a.lo) * 0.03
+			a.lo, a.hi = a.lo-pad, a.hi+pad
+		} else {
+			a.lo, a.hi = math.Floor(a.lo), math.Ceil(a.hi)
+			if a.hi-a.lo < 1 {
+				a.hi = a.lo + 1
+			}
+		}
+		return a
+	}
+	a.lo, a.hi = vmin, vmax
+	if a.hi-a.lo < 1e-12*math.Max(1, math.Abs(a.hi)) {
+		a.lo, a.hi = a.lo-0.5, a.hi+0.5
+	}
+	pad := (a.hi - a.lo) * 0.05
+	if tight {
+		a.lo, a.hi = a.lo-pad, a.hi+pad
+		return a
+	}
+	a.step = a.tickStep()
+	a.lo, a.hi = math.Floor((a.lo-pad)/a.step)*a.step, math.Ceil((a.hi+pad)/a.step)*a.step
+	return a
+}
+
+// frac places v on the axis: 0 at lo, 1 at hi.
+func (a axis) frac(v float64) float64 {
+	if a.log {
+		v = math.Log10(v)
+	}
+	return (v - a.lo) / (a.hi - a.lo)
+}
+
+// tickStep is 1, 2 or 5 times a power of ten, giving 4 to 10 ticks.
+func (a axis) tickStep() float64 {
+	if a.step > 0 {
+		return a.step
+	}
+	span := a.hi - a.lo
+	step := math.Pow(10, math.Floor(math.Log10(span)))
+	for span/step < 4 {
+		switch {
+		case span/(step/2) >= 4:
+			step /= 2
+		case span/(step/5) >= 4:
+			step /= 5
+		default:
+			step /= 10
+		}
+	}
+	for span/step > 10 {
+		step *= 2
+	}
+	return step
+}
+
+// ticks are the labelled values; minor the unlabelled ones (2..9 × 10^k
+// on a log axis whose decades are whole).
+func (a axis) ticks() (major, minor []float64) {
+	switch {
+	case a.log && a.base2:
+		k0, k1 := int(math.Ceil(a.lo/math.Log10(2))), int(math.Floor(a.hi/math.Log10(2)))
+		every := max(1, (k1-k0+1)/10)
+		for k := k0; k <= k1; k += every {
+			major = append(major, math.Pow(2, float64(k)))
+		}
+	case a.log:
+		for k := math.Ceil(a.lo - 1e-9); k <= a.hi+1e-9; k++ {
+			major = append(major, math.Pow(10, k))
+		}
+		for k := math.Floor(a.lo); k < a.hi; k++ {
+			for m := 2; m <= 9; m++ {
+				if v := float64(m) * math.Pow(10, k); a.frac(v) >= 0 && a.frac(v) <= 1 {
+					minor = append(minor, v)
+				}
+			}
+		}
+		if len(major) < 2 { // less than a decade shown: label the minor ticks
+			major, minor = append(major, minor...), nil
+		}
+	default:
+		step := a.tickStep()
+		for k := math.Ceil(a.lo/step - 1e-9); k*step <= a.hi+step*1e-9; k++ {
+			major = append(major, k*step)
+		}
+	}
+	return major, minor
+}
+
+// label writes a tick value compactly.
+func (a axis) label(v float64) string {
+	if a.log {
+		return tickLabel(v, a.base2)
+	}
+	if v == 0 || math.Abs(v) < a.tickStep()*1e-9 {
+		return "0"
+	}
+	return strconv.FormatFloat(v, 'g', 6, 64)
+}
+
 // Render draws the chart.
-func (p LogLog) Render() (*image.RGBA, error) {
+func (p Chart) Render() (*image.RGBA, error) {
 	W, H := p.Width, p.Height
 	if W == 0 {
 		W = 1000
@@ -162,87 +284,86 @@ func (p LogLog) Render() (*image.RGBA, error) {
 			return nil, fmt.Errorf("plot: series %q has %d x and %d y values", s.Label, len(s.X), len(s.Y))
 		}
 		for i := range s.X {
-			if !(s.X[i] > 0) || !(s.Y[i] > 0) || math.IsInf(s.X[i], 0) || math.IsInf(s.Y[i], 0) {
-				return nil, fmt.Errorf("plot: series %q: point (%g, %g) cannot go on log axes", s.Label, s.X[i], s.Y[i])
+			x, y := s.X[i], s.Y[i]
+			switch {
+			case math.IsNaN(x) || math.IsNaN(y) || math.IsInf(x, 0) || math.IsInf(y, 0):
+				return nil, fmt.Errorf("plot: series %q: point (%g, %g) is not finite", s.Label, x, y)
+			case (!p.LinearX && !(x > 0)) || (!p.LinearY && !(y > 0)):
+				return nil, fmt.Errorf("plot: series %q: point (%g, %g) cannot go on log axes", s.Label, x, y)
 			}
-			xmin, xmax = math.Min(xmin, s.X[i]), math.Max(xmax, s.X[i])
-			ymin, ymax = math.Min(ymin, s.Y[i]), math.Max(ymax, s.Y[i])
+			xmin, xmax = math.Min(xmin, x), math.Max(xmax, x)
+			ymin, ymax = math.Min(ymin, y), math.Max(ymax, y)
 		}
 	}
 	if math.IsInf(xmin, 1) {
 		return nil, errors.New("plot: no points")
 	}
-	// Axis ranges: x exactly the data's (a little wider for one value),
-	// y out to whole decades.
-	lx0, lx1 := math.Log10(xmin), math.Log10(xmax)
-	if lx1-lx0 < 1e-9 {
-		lx0, lx1 = lx0-0.5, lx1+0.5
-	}
-	pad := (lx1 - lx0) * 0.03
-	lx0, lx1 = lx0-pad, lx1+pad
-	ly0, ly1 := math.Floor(math.Log10(ymin)), math.Ceil(math.Log10(ymax))
-	if ly1-ly0 < 1 {
-		ly1 = ly0 + 1
-	}
+	// Axis ranges: x exactly the data's (a little wider), y out to whole
+	// decades or ticks.
+	ax := newAxis(xmin, xmax, !p.LinearX, p.XBase2, true)
+	ay := newAxis(ymin, ymax, !p.LinearY, false, false)
 
 	img := image.NewRGBA(image.Rect(0, 0, W, H))
 	c := canvas{img}
 	c.rect(0, 0, W, H, white)
 	const scale = 2
 	lineH := (glyphH + 4) * scale
-	// The legend and the notes go right of the plot area, in at most a
-	// third of the width; longer notes are wrapped.
+	// The legend and the notes go right of the plot area, in at most 40%
+	// of the width; longer labels and notes are wrapped.
+	maxChars := (W*2/5 - 80) / (glyphAdv * scale)
+	type entry struct {
+		s     Series
+		lines []string
+	}
+	var legend []entry
 	right := 0
 	for _, s := range p.Series {
-		right = max(right, 64+textWidth(s.Label, scale))
+		if s.Label == "" {
+			continue // drawn, not listed
+		}
+		e := entry{s, wrap(s.Label, maxChars)}
+		for _, l := range e.lines {
+			right = max(right, 64+textWidth(l, scale))
+		}
+		legend = append(legend, e)
 	}
 	var notes []string
-	maxChars := (W/3 - 40) / (glyphAdv * scale)
 	for _, n := range p.Notes {
-		notes = append(notes, wrap(n, maxChars)...)
+		notes = append(notes, wrap(n, maxChars+4)...)
 	}
 	for _, n := range notes {
 		right = max(right, 16+textWidth(n, scale))
 	}
-	right = min(right+24, W/3+24)
+	right = min(right+24, W*2/5+24)
 	left, top, bottom := 110, 60, 80
 	x0, x1, y0, y1 := left, W-right, top, H-bottom // plot area, y0 at the top
-	px := func(v float64) float64 { return float64(x0) + (math.Log10(v)-lx0)/(lx1-lx0)*float64(x1-x0) }
-	py := func(v float64) float64 { return float64(y1) - (math.Log10(v)-ly0)/(ly1-ly0)*float64(y1-y0) }
+	px := func(v float64) float64 { return float64(x0) + ax.frac(v)*float64(x1-x0) }
+	py := func(v float64) float64 { return float64(y1) - ay.frac(v)*float64(y1-y0) }
 
 	// Grid and tick labels.
-	var xt []float64
-	if p.XBase2 {
-		k0, k1 := int(math.Ceil(lx0/math.Log10(2))), int(math.Floor(lx1/math.Log10(2)))
-		every := max(1, (k1-k0+1)/10)
-		for k := k0; k <= k1; k += every {
-			xt = append(xt, math.Pow(2, float64(k)))
-		}
-	} else {
-		for k := math.Ceil(lx0); k <= lx1; k++ {
-			xt = append(xt, math.Pow(10, k))
-		}
-	}
+	xt, _ := ax.ticks()
 	for _, v := range xt {
 		x := int(math.Round(px(v)))
 		c.rect(x, y0, x+1, y1, grid)
 		c.rect(x, y1, x+1, y1+6, black)
-		lbl := tickLabel(v, p.XBase2)
+		lbl := ax.label(v)
 		c.text(x-textWidth(lbl, scale)/2, y1+12, lbl, scale, black)
 	}
-	for k := ly0; k <= ly1; k++ {
-		v := math.Pow(10, k)
+	yt, ym := ay.ticks()
+	for _, v := range yt {
 		y := int(math.Round(py(v)))
 		c.rect(x0, y, x1, y+1, grid)
 		c.rect(x0-6, y, x0, y+1, black)
-		lbl := tickLabel(v, false)
+		lbl := ay.label(v)
 		c.text(x0-10-textWidth(lbl, scale), y-glyphH*scale/2, lbl, scale, black)
-		if k < ly1 { // minor ticks at 2..9 × 10^k
-			for m := 2; m <= 9; m++ {
-				ym := int(math.Round(py(float64(m) * v)))
-				c.rect(x0-3, ym, x0, ym+1, black)
-			}
-		}
+	}
+	for _, v := range ym {
+		y := int(math.Round(py(v)))
+		c.rect(x0-3, y, x0, y+1, black)
+	}
+	if p.LinearY && ay.lo < 0 && ay.hi > 0 { // the zero line
+		y := int(math.Round(py(0)))
+		c.rect(x0, y, x1, y+1, gray)
 	}
 	// Frame.
 	c.rect(x0, y0, x1+1, y0+1, black)
@@ -250,7 +371,8 @@ func (p LogLog) Render() (*image.RGBA, error) {
 	c.rect(x0, y0, x0+1, y1, black)
 	c.rect(x1, y0, x1+1, y1, black)
 
-	// Series.
+	// Series: markers only where the points are sparse enough to tell
+	// apart.
 	for _, s := range p.Series {
 		dash := 0
 		if s.Dashed {
@@ -260,9 +382,11 @@ func (p LogLog) Render() (*image.RGBA, error) {
 		for i := 1; i < len(s.X); i++ {
 			c.line(px(s.X[i-1]), py(s.Y[i-1]), px(s.X[i]), py(s.Y[i]), 3, s.Color, dash, &phase)
 		}
-		for i := range s.X {
-			x, y := int(math.Round(px(s.X[i]))), int(math.Round(py(s.Y[i])))
-			c.rect(x-3, y-3, x+4, y+4, s.Color)
+		if len(s.X) <= (x1-x0)/12 {
+			for i := range s.X {
+				x, y := int(math.Round(px(s.X[i]))), int(math.Round(py(s.Y[i])))
+				c.rect(x-3, y-3, x+4, y+4, s.Color)
+			}
 		}
 	}
 
@@ -271,15 +395,18 @@ func (p LogLog) Render() (*image.RGBA, error) {
 	c.text(x0+(x1-x0-textWidth(p.XLabel, scale))/2, H-bottom+44, p.XLabel, scale, black)
 	c.vtext(20, y0+(y1-y0+textWidth(p.YLabel, scale))/2, p.YLabel, scale, black)
 	ly := y0 + 4
-	for _, s := range p.Series {
+	for _, e := range legend {
 		var phase float64
 		dash := 0
-		if s.Dashed {
+		if e.s.Dashed {
 			dash = 10
 		}
-		c.line(float64(x1+16), float64(ly+glyphH*scale/2), float64(x1+56), float64(ly+glyphH*scale/2), 3, s.Color, dash, &phase)
-		c.text(x1+64, ly, s.Label, scale, black)
-		ly += lineH + 4
+		c.line(float64(x1+16), float64(ly+glyphH*scale/2), float64(x1+56), float64(ly+glyphH*scale/2), 3, e.s.Color, dash, &phase)
+		for _, l := range e.lines {
+			c.text(x1+64, ly, l, scale, black)
+			ly += lineH
+		}
+		ly += 4
 	}
 	ly += lineH
 	for _, n := range notes {

@@ -17,7 +17,7 @@ func TestLogLogPNG(t *testing.T) {
 	for i, x := range xs {
 		quad[i], lin[i] = x*x*1e-9, x*1e-6
 	}
-	p := LogLog{
+	p := Chart{
 		Title: "time against length", XLabel: "length", YLabel: "seconds", XBase2: true,
 		Notes:  []string{"lazy skipped above 2^12"},
 		Series: []Series{{Label: "lazy", X: xs, Y: quad, Color: Palette[0]}, {Label: "flash", X: xs, Y: lin, Color: Palette[2], Dashed: true}},
@@ -61,18 +61,66 @@ func TestLogLogRefusesBadPoints(t *testing.T) {
 		want string
 	}{
 		{"zero", Series{Label: "a", X: []float64{1, 2}, Y: []float64{0, 1}}, "log axes"},
-		{"NaN", Series{Label: "a", X: []float64{1, 2}, Y: []float64{math.NaN(), 1}}, "log axes"},
+		{"NaN", Series{Label: "a", X: []float64{1, 2}, Y: []float64{math.NaN(), 1}}, "not finite"},
 		{"ragged", Series{Label: "a", X: []float64{1, 2}, Y: []float64{1}}, "1 y values"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := LogLog{Series: []Series{tc.s}}.Render()
+			_, err := Chart{Series: []Series{tc.s}}.Render()
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("got %v, want an error naming %q", err, tc.want)
 			}
 		})
 	}
-	if _, err := (LogLog{}).Render(); err == nil {
+	if _, err := (Chart{}).Render(); err == nil {
 		t.Error("a chart without series rendered")
+	}
+}
+
+// TestLinearAxes: a linear y axis takes zero and negative values, ends on
+// ticks of 1, 2 or 5 times a power of ten that include zero, and still
+// refuses what is not finite; the x axis stays logarithmic unless asked.
+func TestLinearAxes(t *testing.T) {
+	s := Series{Label: "rel", X: []float64{1, 2, 3}, Y: []float64{-0.3, 0, 0.45}, Color: Palette[1]}
+	if _, err := (Chart{Series: []Series{s}, LinearY: true}).Render(); err != nil {
+		t.Fatalf("linear y: %v", err)
+	}
+	if _, err := (Chart{Series: []Series{s}}).Render(); err == nil || !strings.Contains(err.Error(), "log axes") {
+		t.Fatalf("log y took a negative value: %v", err)
+	}
+	inf := Series{X: []float64{1}, Y: []float64{math.Inf(1)}}
+	if _, err := (Chart{Series: []Series{inf}, LinearX: true, LinearY: true}).Render(); err == nil {
+		t.Fatal("linear axes took +Inf")
+	}
+	for _, tc := range []struct {
+		lo, hi   float64
+		wantStep float64
+	}{
+		{-0.3, 0.45, 0.1},
+		{0, 300, 50},
+		{1.85, 8.1, 1},
+		{1000, 1001, 0.2},
+	} {
+		a := newAxis(tc.lo, tc.hi, false, false, false)
+		major, _ := a.ticks()
+		step := a.tickStep()
+		if math.Abs(step-tc.wantStep) > 1e-12*tc.wantStep {
+			t.Errorf("[%g, %g]: tick step %g, want %g", tc.lo, tc.hi, step, tc.wantStep)
+		}
+		if len(major) < 4 || len(major) > 11 {
+			t.Errorf("[%g, %g]: %d ticks %v", tc.lo, tc.hi, len(major), major)
+		}
+		if a.lo > tc.lo || a.hi < tc.hi {
+			t.Errorf("[%g, %g]: axis [%g, %g] does not cover the data", tc.lo, tc.hi, a.lo, a.hi)
+		}
+		if tc.lo < 0 && tc.hi > 0 {
+			zero := false
+			for _, v := range major {
+				zero = zero || math.Abs(v) < step*1e-9
+			}
+			if !zero {
+				t.Errorf("[%g, %g]: no tick at zero in %v", tc.lo, tc.hi, major)
+			}
+		}
 	}
 }
 

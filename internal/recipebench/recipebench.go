@@ -320,7 +320,7 @@ func Plot(path string, rs []Result) ([]string, error) {
 		ext = ".png"
 	}
 	bars := plot.Bars{Title: "throughput", YLabel: "tokens/s"}
-	chart := plot.LogLog{Title: "loss against tokens", XLabel: "tokens", YLabel: "loss"}
+	chart := plot.Chart{Title: "loss against tokens", XLabel: "tokens", YLabel: "loss"}
 	for i, r := range rs {
 		name := strings.TrimSuffix(filepath.Base(r.Recipe), ".toml")
 		bars.Labels = append(bars.Labels, name)

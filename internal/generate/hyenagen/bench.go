@@ -227,14 +227,14 @@ func modeColor(mode string) color.RGBA {
 // Chart is the log-log chart of total time (solid) and mixer time
 // (dashed) against length for each mode of results; notes go under the
 // legend.
-func Chart(title string, results []BenchResult, notes []string) plot.LogLog {
+func Chart(title string, results []BenchResult, notes []string) plot.Chart {
 	var modes []string
 	for _, r := range results {
 		if !slices.Contains(modes, r.Mode) {
 			modes = append(modes, r.Mode)
 		}
 	}
-	p := plot.LogLog{Title: title, XLabel: "positions per sequence L", YLabel: "time (s)", XBase2: true, Notes: notes}
+	p := plot.Chart{Title: title, XLabel: "positions per sequence L", YLabel: "time (s)", XBase2: true, Notes: notes}
 	for _, m := range modes {
 		total := plot.Series{Label: m + " total", Color: modeColor(m)}
 		mixer := plot.Series{Label: m + " mixer", Color: modeColor(m), Dashed: true}
