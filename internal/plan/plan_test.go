@@ -76,6 +76,9 @@ func TestMemoryIsMemplans(t *testing.T) {
 			if p.Memory.Total() != want.Total() {
 				t.Errorf("memory %d, memplan %d", p.Memory.Total(), want.Total())
 			}
+			if p.LossBytes != 0 {
+				t.Errorf("titan's chunked loss has %g bytes of PyTorch loss transients", p.LossBytes)
+			}
 			if got := cal.MemoryFactor*float64(want.Total()) + cal.MemoryBase; p.MemoryBytes != got {
 				t.Errorf("device memory %g, want %g", p.MemoryBytes, got)
 			}

@@ -55,11 +55,15 @@ type Prediction struct {
 	Cluster cluster.Cluster
 	Runtime Runtime
 	// Memory is memplan's estimate of the busiest rank; MemoryBytes the
-	// device memory predicted from it (× the calibration's factor, plus
-	// its base), Capacity the device's memory.
+	// device memory predicted from it and LossBytes (× the calibration's
+	// factor, plus its base), Capacity the device's memory.
 	Memory      memplan.Report
 	MemoryBytes float64
 	Capacity    float64
+	// LossBytes is what PyTorch's loss holds beyond the logits memplan
+	// counts (lossTransient; 0 for titan's chunked loss), added to the
+	// estimate before the calibration's factor.
+	LossBytes float64
 	// Step is the step's breakdown.
 	Step Breakdown
 	// Microbatches and BubbleFraction describe the pipeline (1 and 0
@@ -211,8 +215,8 @@ func predict(job Job, c cluster.Cluster, cal Calibration, onlyFitting bool) (Pre
 	if err != nil {
 		return Prediction{}, err
 	}
-	pred := Prediction{Job: job, Cluster: c, Runtime: rt, Memory: mem, Capacity: c.Device.MemoryBytes,
-		MemoryBytes: cal.MemoryFactor*float64(mem.Total()) + cal.MemoryBase}
+	pred := Prediction{Job: job, Cluster: c, Runtime: rt, Memory: mem, Capacity: c.Device.MemoryBytes, LossBytes: lossTransient(job, rt)}
+	pred.MemoryBytes = cal.MemoryFactor*(float64(mem.Total())+pred.LossBytes) + cal.MemoryBase
 	if onlyFitting && !pred.Fits() {
 		return pred, nil
 	}
@@ -231,6 +235,26 @@ func predict(job Job, c cluster.Cluster, cal Calibration, onlyFitting bool) (Pre
 	}
 	pred.MFU = job.Model.FLOPsPerToken(l.SeqLen) * pred.TokensPerDevice / peak
 	return pred, nil
+}
+
+// lossTransient is the memory PyTorch's cross entropy holds at its peak
+// beyond the compute-precision logits memplan counts, on a runtime that
+// keeps the whole logits: torchtitan's loss (eager, not compiled) casts
+// the logits of a microbatch to float32 and keeps log-softmax's float32
+// output for the backward, whose float32 gradient then exists beside it,
+// so two float32 copies of this rank's logits (its vocabulary shard
+// under loss parallel) are live at once.
+func lossTransient(job Job, rt Runtime) float64 {
+	if !rt.WholeLogits {
+		return 0
+	}
+	l := job.Layout
+	d := l.Degrees
+	rows := l.LocalBatch
+	if d.PP > 1 {
+		rows = max(l.MicrobatchRows, 1)
+	}
+	return 2 * 4 * float64(rows*l.SeqLen/max(d.CP, 1)) * float64(job.Model.VocabSize/max(d.TP, 1))
 }
 
 // rankShare is what the busiest pipeline rank holds: its layers, whether
