@@ -338,29 +338,34 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 
 	// Tensor-parallel communication (sequence parallel): per layer two
 	// all-gathers and two reduce-scatters of the microbatch's hidden
-	// states in the forward, as many in the backward and in each
-	// recomputed forward; one more each way around the embedding and
-	// the head.
+	// states in the forward and in each recomputed forward; in the
+	// backward each all-gather's gradient is a reduce-scatter and each
+	// reduce-scatter's an all-gather; one more each way around the
+	// embedding and the head.
 	var tpF, tpB float64
 	if d.TP > 1 {
 		// Float8 layers gather their inputs already cast to float8 (one
-		// byte an element); the reduce-scatters stay in bf16.
+		// byte an element); the reduce-scatters stay in bf16, and so do
+		// the backward's gradients (cast to float8 inside the products,
+		// after the all-gather).
 		agb := cb
 		if l.Float8 {
 			agb = 1
 		}
-		op := ringTime(c, cal, rt, "all_gather", d.TP, groupLink(c, d, "tp"), N*D*agb)
-		opRS := ringTime(c, cal, rt, "reduce_scatter", d.TP, groupLink(c, d, "tp"), N*D*cb)
-		perLayer := 2*op + 2*opRS
-		extra := 0.0
+		link := groupLink(c, d, "tp")
+		ag := ringTime(c, cal, rt, "all_gather", d.TP, link, N*D*agb)
+		agGrad := ringTime(c, cal, rt, "all_gather", d.TP, link, N*D*cb)
+		rs := ringTime(c, cal, rt, "reduce_scatter", d.TP, link, N*D*cb)
+		fwdLayer, bwdLayer := 2*ag+2*rs, 2*agGrad+2*rs
+		var extraF, extraB float64
 		if share.embed {
-			extra += opRS
+			extraF, extraB = extraF+rs, extraB+agGrad
 		}
 		if share.head {
-			extra += op
+			extraF, extraB = extraF+ag, extraB+rs
 		}
-		tpF = L*perLayer + extra
-		tpB = L*perLayer + extra + recomputed*perLayer
+		tpF = L*fwdLayer + extraF
+		tpB = L*bwdLayer + extraB + recomputed*fwdLayer
 		if l.AsyncTP && rt.Overlap {
 			// Async TP overlaps each collective with the product next to
 			// it: what is left is the part longer than those products.
