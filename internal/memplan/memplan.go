@@ -64,7 +64,8 @@ type Degrees struct {
 func (d Degrees) World() int { return d.PP * d.DPReplicate * d.DPShard * d.CP * d.TP }
 
 // ShardGroup is the size of the group parameters are sharded over:
-// dp_shard × cp when dp_shard > 1 (torchtitan shards over both), else 1.
+// dp_shard × cp when dp_shard > 1 (torchtitan shards over both) or
+// ShardCP, else 1.
 func (d Degrees) ShardGroup() int {
 	if d.DPShard > 1 || d.ShardCP {
 		return d.DPShard * max(d.CP, 1)
@@ -73,7 +74,7 @@ func (d Degrees) ShardGroup() int {
 }
 
 // ReplicateGroup is the size of the group gradients are all-reduced
-// over: dp_replicate, times cp when dp_shard is 1.
+// over: dp_replicate, times cp when dp_shard is 1 without ShardCP.
 func (d Degrees) ReplicateGroup() int {
 	if d.DPShard > 1 || d.ShardCP {
 		return max(d.DPReplicate, 1)
