@@ -53,24 +53,30 @@ func cmp0(v, def int) int {
 // Degrees are the sizes of the parallel dimensions of a job's mesh.
 type Degrees struct {
 	PP, DPReplicate, DPShard, CP, TP int
+	// ShardCP shards the parameters over cp even when dp_shard is 1,
+	// as torchtitan's dp_shard_cp mesh does; titan's trainer then
+	// replicates them over cp (parallel.NewGroups). Only titan plan sets
+	// it, to predict torchtitan's published layouts.
+	ShardCP bool
 }
 
 // World is the number of ranks the degrees lay out.
 func (d Degrees) World() int { return d.PP * d.DPReplicate * d.DPShard * d.CP * d.TP }
 
 // ShardGroup is the size of the group parameters are sharded over:
-// dp_shard × cp when dp_shard > 1 (torchtitan shards over both), else 1.
+// dp_shard × cp when dp_shard > 1 (torchtitan shards over both) or
+// ShardCP, else 1.
 func (d Degrees) ShardGroup() int {
-	if d.DPShard > 1 {
+	if d.DPShard > 1 || d.ShardCP {
 		return d.DPShard * max(d.CP, 1)
 	}
 	return 1
 }
 
 // ReplicateGroup is the size of the group gradients are all-reduced
-// over: dp_replicate, times cp when dp_shard is 1.
+// over: dp_replicate, times cp when dp_shard is 1 without ShardCP.
 func (d Degrees) ReplicateGroup() int {
-	if d.DPShard > 1 {
+	if d.DPShard > 1 || d.ShardCP {
 		return max(d.DPReplicate, 1)
 	}
 	return max(d.DPReplicate, 1) * max(d.CP, 1)

@@ -186,15 +186,19 @@ type Runtime struct {
 	// Shared is the number of ranks sharing one device's compute (CPU
 	// worker processes on one host); 1 on GPUs.
 	Shared int
+	// TorchRing: context parallelism is PyTorch's ring attention
+	// (torchRing), as torchtitan runs it, rather than titan's rotations
+	// of the key/value heads.
+	TorchRing bool
 }
 
 // RuntimeOf returns the runtime of layout l on cluster c: float32 and
 // titan's fused kernels on a CPU (whose ranks share the host's cores);
-// float32 state with bf16 compute, whole logits and eager element-wise
-// kernels unless compiled on a GPU.
+// float32 state with bf16 compute, whole logits, eager element-wise
+// kernels unless compiled and PyTorch's ring attention on a GPU.
 func RuntimeOf(c cluster.Cluster, l Layout) Runtime {
 	if c.CPU() {
 		return Runtime{Fused: true, Shared: min(l.World(), c.Nodes*c.DevicesPerNode)}
 	}
-	return Runtime{Precision: memplan.Precision{State: 4, Compute: 2}, WholeLogits: true, Fused: l.Compile, Overlap: true, Shared: 1}
+	return Runtime{Precision: memplan.Precision{State: 4, Compute: 2}, WholeLogits: true, Fused: l.Compile, Overlap: true, Shared: 1, TorchRing: true}
 }

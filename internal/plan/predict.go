@@ -55,11 +55,15 @@ type Prediction struct {
 	Cluster cluster.Cluster
 	Runtime Runtime
 	// Memory is memplan's estimate of the busiest rank; MemoryBytes the
-	// device memory predicted from it (× the calibration's factor, plus
-	// its base), Capacity the device's memory.
+	// device memory predicted from it and LossBytes (× the calibration's
+	// factor, plus its base), Capacity the device's memory.
 	Memory      memplan.Report
 	MemoryBytes float64
 	Capacity    float64
+	// LossBytes is what PyTorch's loss holds beyond the logits memplan
+	// counts (lossTransient; 0 for titan's chunked loss), added to the
+	// estimate before the calibration's factor.
+	LossBytes float64
 	// Step is the step's breakdown.
 	Step Breakdown
 	// Microbatches and BubbleFraction describe the pipeline (1 and 0
@@ -122,6 +126,44 @@ const attentionBackward = 2.5
 // when clipped.
 const optimizerAccesses = 10
 
+// torchRing is one layer of ring attention as PyTorch's context_parallel
+// runs it under torchtitan (torch.distributed.tensor.experimental.
+// _attention, rotate method allgather, load balancing on): the model
+// repeats the key/value heads to every query head before SDPA
+// (repeat_kv), so the rotated shards are as wide as the queries (o
+// elements each of k and v per rank: the rank's tokens times its query
+// width). The forward all-gathers the shards once, after the first
+// (diagonal) block, and waits before the second; the backward gathers
+// them again and passes the float32 key/value gradients around the ring
+// (all-to-all), one pass behind each block. It returns the exposed
+// communication of the forward and the backward (seconds) and the
+// element-wise traffic (bytes) of each, which runs eagerly outside any
+// compiled region: the forward concatenates k and v for each exchange
+// (cp-1 copies) and merges each later block's output into a float32
+// running output (cast, difference, scaled difference, update, and a
+// rebuild by concatenation for the half-query blocks); the backward
+// zero-fills float32 q/k/v gradients, and for each block concatenates k
+// and v, adds the block's gradients into the float32 accumulators
+// (rebuilt by concatenation for the half blocks), concatenates the
+// key/value gradients for the pass, and casts the three back at the end.
+func torchRing(c cluster.Cluster, cal Calibration, rt Runtime, link cluster.Link, cp int, o, cb, perF, perB float64) (fwd, bwd, ewF, ewB float64) {
+	n := float64(cp)
+	kv := 2 * o * cb
+	gather := ringTime(c, cal, rt, "all_gather", cp, link, n*kv)
+	fwd = math.Max(0, gather-perF/n)
+	pass := p2pTime(c, cal, rt, link, 2*o*4)
+	bwd = math.Max(0, gather-perB/n) + (n-1)*math.Max(0, pass-perB/n)
+	// Bytes per element of o: a bf16 k/v copy reads and writes 2·cb per
+	// tensor; a float32 merge step reads the block (cb) and writes and
+	// reads the running output (4 each) over four passes.
+	copyKV := 2 * 2 * cb
+	merge := (cb + 4) + 3*4 + 2*4 + 3*4 + 4 // cast, difference, scale, update, half-block rebuild
+	ewF = o * ((n-1)*(copyKV+merge) + 2*(cb+4))
+	accum := 3 * (4 + cb + 4) // q, k, v: read the accumulator and the block, write
+	ewB = o * (3*4 + n*(copyKV+accum+2*4+2*2*4) + 3*(4+cb))
+	return fwd, bwd, ewF, ewB
+}
+
 // rates are one rank's throughputs.
 type rates struct {
 	mm, fp8, attn, ew float64 // FLOP/s, FLOP/s, FLOP/s, bytes/s
@@ -173,8 +215,8 @@ func predict(job Job, c cluster.Cluster, cal Calibration, onlyFitting bool) (Pre
 	if err != nil {
 		return Prediction{}, err
 	}
-	pred := Prediction{Job: job, Cluster: c, Runtime: rt, Memory: mem, Capacity: c.Device.MemoryBytes,
-		MemoryBytes: cal.MemoryFactor*float64(mem.Total()) + cal.MemoryBase}
+	pred := Prediction{Job: job, Cluster: c, Runtime: rt, Memory: mem, Capacity: c.Device.MemoryBytes, LossBytes: lossTransient(job, rt)}
+	pred.MemoryBytes = cal.MemoryFactor*(float64(mem.Total())+pred.LossBytes) + cal.MemoryBase
 	if onlyFitting && !pred.Fits() {
 		return pred, nil
 	}
@@ -193,6 +235,26 @@ func predict(job Job, c cluster.Cluster, cal Calibration, onlyFitting bool) (Pre
 	}
 	pred.MFU = job.Model.FLOPsPerToken(l.SeqLen) * pred.TokensPerDevice / peak
 	return pred, nil
+}
+
+// lossTransient is the memory PyTorch's cross entropy holds at its peak
+// beyond the compute-precision logits memplan counts, on a runtime that
+// keeps the whole logits: torchtitan's loss (eager, not compiled) casts
+// the logits of a microbatch to float32 and keeps log-softmax's float32
+// output for the backward, whose float32 gradient then exists beside it,
+// so two float32 copies of this rank's logits (its vocabulary shard
+// under loss parallel) are live at once.
+func lossTransient(job Job, rt Runtime) float64 {
+	if !rt.WholeLogits {
+		return 0
+	}
+	l := job.Layout
+	d := l.Degrees
+	rows := l.LocalBatch
+	if d.PP > 1 {
+		rows = max(l.MicrobatchRows, 1)
+	}
+	return 2 * 4 * float64(rows*l.SeqLen/max(d.CP, 1)) * float64(job.Model.VocabSize/max(d.TP, 1))
 }
 
 // rankShare is what the busiest pipeline rank holds: its layers, whether
@@ -276,29 +338,34 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 
 	// Tensor-parallel communication (sequence parallel): per layer two
 	// all-gathers and two reduce-scatters of the microbatch's hidden
-	// states in the forward, as many in the backward and in each
-	// recomputed forward; one more each way around the embedding and
-	// the head.
+	// states in the forward and in each recomputed forward; in the
+	// backward each all-gather's gradient is a reduce-scatter and each
+	// reduce-scatter's an all-gather; one more each way around the
+	// embedding and the head.
 	var tpF, tpB float64
 	if d.TP > 1 {
 		// Float8 layers gather their inputs already cast to float8 (one
-		// byte an element); the reduce-scatters stay in bf16.
+		// byte an element); the reduce-scatters stay in bf16, and so do
+		// the backward's gradients (cast to float8 inside the products,
+		// after the all-gather).
 		agb := cb
 		if l.Float8 {
 			agb = 1
 		}
-		op := ringTime(c, cal, rt, "all_gather", d.TP, groupLink(c, d, "tp"), N*D*agb)
-		opRS := ringTime(c, cal, rt, "reduce_scatter", d.TP, groupLink(c, d, "tp"), N*D*cb)
-		perLayer := 2*op + 2*opRS
-		extra := 0.0
+		link := groupLink(c, d, "tp")
+		ag := ringTime(c, cal, rt, "all_gather", d.TP, link, N*D*agb)
+		agGrad := ringTime(c, cal, rt, "all_gather", d.TP, link, N*D*cb)
+		rs := ringTime(c, cal, rt, "reduce_scatter", d.TP, link, N*D*cb)
+		fwdLayer, bwdLayer := 2*ag+2*rs, 2*agGrad+2*rs
+		var extraF, extraB float64
 		if share.embed {
-			extra += opRS
+			extraF, extraB = extraF+rs, extraB+agGrad
 		}
 		if share.head {
-			extra += op
+			extraF, extraB = extraF+ag, extraB+rs
 		}
-		tpF = L*perLayer + extra
-		tpB = L*perLayer + extra + recomputed*perLayer
+		tpF = L*fwdLayer + extraF
+		tpB = L*bwdLayer + extraB + recomputed*fwdLayer
 		if l.AsyncTP && rt.Overlap {
 			// Async TP overlaps each collective with the product next to
 			// it: what is left is the part longer than those products.
@@ -306,20 +373,29 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 			tpB = math.Max(0, tpB-(2*bMM+rMM))
 		}
 	}
-	// Context parallel ring attention: cp-1 rotations of the key/value
-	// shards in the forward, of them and their gradients in the
-	// backward, each layer; overlapped with the attention blocks on a
-	// GPU.
-	var cpF, cpB float64
+	// Context parallel ring attention, per layer: cp blocks of
+	// attention, each 1/cp of the layer's (load-balanced causal) work.
+	var cpF, cpB, cpEWF, cpEWB float64
 	if d.CP > 1 {
 		link := groupLink(c, d, "cp")
-		kv := 2 * N * KV / tp * cb
-		rot := float64(d.CP-1) * p2pTime(c, cal, rt, link, kv)
-		cpF, cpB = L*rot, L*2*rot+recomputed*rot
-		if rt.Overlap {
-			cpF = math.Max(0, cpF-fAttn)
-			cpB = math.Max(0, cpB-bAttn-rAttn)
+		perF, perB := fAttn/max(L, 1), bAttn/max(L, 1)
+		if rt.TorchRing {
+			cpF, cpB, cpEWF, cpEWB = torchRing(c, cal, rt, link, d.CP, N*Q/tp, cb, perF, perB)
+		} else {
+			// cp-1 rotations of the key/value shards in the forward, of
+			// them and their gradients in the backward; overlapped with the
+			// attention blocks on a GPU.
+			rot := float64(d.CP-1) * p2pTime(c, cal, rt, link, 2*N*KV/tp*cb)
+			cpF, cpB = rot, 2*rot
+			if rt.Overlap {
+				cpF, cpB = math.Max(0, cpF-perF), math.Max(0, cpB-perB)
+			}
 		}
+		// Every layer's forward, backward and recomputed forward.
+		cpF, cpB = L*cpF, L*cpB+recomputed*cpF
+		fEW += L * cpEWF / r.ew
+		bEW += L * cpEWB / r.ew
+		rEW += recomputed * cpEWF / r.ew
 	}
 	v := float64(share.stages)
 	costF := (fMM + fAttn + fEW + tpF + cpF) / v

@@ -3,6 +3,8 @@ package plan
 import (
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 
 	"github.com/titan-go/titan/internal/cluster"
 	"github.com/titan-go/titan/internal/memplan"
@@ -69,6 +71,10 @@ func PublishedRows() []Published {
 				l.AsyncTP = true
 			case "interleaved":
 				l.Schedule = "Interleaved1F1B"
+			default:
+				if rows, ok := strings.CutPrefix(o, "mb"); ok {
+					l.MicrobatchRows, _ = strconv.Atoi(rows)
+				}
 			}
 		}
 		return Job{Flavor: fl, Model: flavor(fl, seq), Layout: l}
@@ -76,6 +82,19 @@ func PublishedRows() []Published {
 	deg := func(pp, shard, cp, tp int) memplan.Degrees {
 		return memplan.Degrees{PP: pp, DPReplicate: 1, DPShard: shard, CP: cp, TP: tp}
 	}
+	// torchtitan 9dec370 splits the local batch into as many microbatches
+	// as pipeline ranks unless told otherwise
+	// (experimental.pipeline_parallel_microbatches, default
+	// pipeline_parallel_degree; torchtitan/parallelisms/pipelining_utils.py),
+	// whatever the schedule: 32 rows in 8 microbatches of 4 for table 5, 8
+	// of 1 for table 6.
+	// torchtitan shards the parameters over dp_shard × cp whenever either
+	// is above 1 (its dp_shard_cp mesh); titan's trainer replicates over
+	// cp without dp_shard, so these rows are predicted with torchtitan's
+	// mesh (memplan.Degrees.ShardCP).
+	shardCP := func(d memplan.Degrees) memplan.Degrees { d.ShardCP = true; return d }
+	const cpNote = "FSDP over cp (torchtitan's dp_shard_cp mesh); titan's trainer would replicate over cp"
+	const mbNote = "8 microbatches of 4 rows (torchtitan's default of pp microbatches)"
 	return []Published{
 		{"1", ReferenceRow, job("8B", deg(1, 8, 1, 1), 2, 8192, sac), 5762, 82.4, "calibration row"},
 		{"1", "8B FSDP8 +compile", job("8B", deg(1, 8, 1, 1), 2, 8192, sac, "compile"), 6667, 77.0, ""},
@@ -83,20 +102,18 @@ func PublishedRows() []Published {
 		{"2", "8B FSDP8 CP1 32K", job("8B", deg(1, 8, 1, 1), 1, 32768, full, "compile", "float8"), 3890, 83.9, ""},
 		{"2", "8B FSDP4 CP2 64K", job("8B", deg(1, 4, 2, 1), 1, 65536, full, "compile", "float8"), 2540, 84.2, ""},
 		{"2", "8B FSDP2 CP4 128K", job("8B", deg(1, 2, 4, 1), 1, 131072, full, "compile", "float8"), 1071, 84.0, ""},
-		{"2", "8B FSDP1 CP8 256K", job("8B", deg(1, 1, 8, 1), 1, 262144, full, "compile", "float8"), 548, 84.5,
-			"torchtitan shards over cp alone; titan shards over dp_shard × cp only with dp_shard > 1, so this layout replicates"},
+		{"2", "8B FSDP1 CP8 256K", job("8B", shardCP(deg(1, 1, 8, 1)), 1, 262144, full, "compile", "float8"), 548, 84.5, cpNote},
 		{"3", "8B FSDP128", job("8B", deg(1, 128, 1, 1), 2, 8192, sac), 5605, 67.0, ""},
 		{"3", "8B FSDP128 +compile", job("8B", deg(1, 128, 1, 1), 2, 8192, sac, "compile"), 6514, 62.0, ""},
 		{"3", "8B FSDP128 +compile +float8", job("8B", deg(1, 128, 1, 1), 2, 8192, sac, "compile", "float8"), 8380, 61.8, ""},
 		{"4", "70B FSDP32 TP8", job("70B", deg(1, 32, 1, 8), 16, 8192, full, "compile", "float8"), 829, 71.9, ""},
 		{"4", "70B FSDP32 TP8 +asyncTP", job("70B", deg(1, 32, 1, 8), 16, 8192, full, "compile", "float8", "asynctp"), 876, 67.6, ""},
-		{"5", "405B PP8 FSDP8 TP8 1F1B", job("405B", deg(8, 8, 1, 8), 32, 8192, full, "compile", "float8", "asynctp"), 100, 82.5, ""},
-		{"5", "405B PP8 FSDP8 TP8 Interleaved1F1B", job("405B", deg(8, 8, 1, 8), 32, 8192, full, "compile", "float8", "asynctp", "interleaved"), 128, 72.7, ""},
+		{"5", "405B PP8 FSDP8 TP8 1F1B", job("405B", deg(8, 8, 1, 8), 32, 8192, full, "compile", "float8", "asynctp", "mb4"), 100, 82.5, mbNote},
+		{"5", "405B PP8 FSDP8 TP8 Interleaved1F1B", job("405B", deg(8, 8, 1, 8), 32, 8192, full, "compile", "float8", "asynctp", "interleaved", "mb4"), 128, 72.7, mbNote},
 		{"6", "405B FSDP8 CP1 32K", job("405B", deg(8, 8, 1, 8), 8, 32768, full, "compile", "float8", "asynctp"), 76, 75.3, ""},
 		{"6", "405B FSDP4 CP2 64K", job("405B", deg(8, 4, 2, 8), 8, 65536, full, "compile", "float8", "asynctp"), 47, 75.9, ""},
 		{"6", "405B FSDP2 CP4 128K", job("405B", deg(8, 2, 4, 8), 8, 131072, full, "compile", "float8", "asynctp"), 31, 77.1, ""},
-		{"6", "405B FSDP1 CP8 256K", job("405B", deg(8, 1, 8, 8), 8, 262144, full, "compile", "float8", "asynctp"), 16, 84.9,
-			"torchtitan shards over cp alone; titan replicates over cp without dp_shard"},
+		{"6", "405B FSDP1 CP8 256K", job("405B", shardCP(deg(8, 1, 8, 8)), 8, 262144, full, "compile", "float8", "asynctp"), 16, 84.9, cpNote},
 	}
 }
 
@@ -151,7 +168,7 @@ func CalibrateGPU(c cluster.Cluster) (Calibration, error) {
 	if err != nil {
 		return Calibration{}, err
 	}
-	out.MemoryFactor = ref.MemGiB * (1 << 30) / float64(p.Memory.Total())
+	out.MemoryFactor = ref.MemGiB * (1 << 30) / (float64(p.Memory.Total()) + p.LossBytes)
 	return out, nil
 }
 
