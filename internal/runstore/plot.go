@@ -107,7 +107,11 @@ func plotChart(ctx context.Context, s *Store, ids []string, o PlotOptions) (plot
 		if err != nil {
 			return plot.Chart{}, err
 		}
-		col := plot.Palette[i%len(plot.Palette)]
+		k := i
+		if base != nil {
+			k++ // the baseline keeps the first color, as in its plain plot
+		}
+		col := plot.Palette[k%len(plot.Palette)]
 		raw := plot.Series{Color: col, Dashed: true}
 		ema := plot.Series{Label: s.label(ctx, full), Color: col}
 		for _, r := range recs {
