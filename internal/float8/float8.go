@@ -70,6 +70,11 @@ type Config struct {
 	// FilterFQNs are substrings of the fully qualified names of linear
 	// layers left in high precision ("output": the output projection).
 	FilterFQNs []string
+	// FSDPAllGather all-gathers the float8 layers' weights as e4m3 under
+	// FSDP (enable_fsdp_float8_all_gather, tensorwise only), and
+	// PrecomputeScales computes their scales in one all-reduce per step
+	// (precompute_float8_dynamic_scale_for_fsdp); see internal/parallel/fsdp.
+	FSDPAllGather, PrecomputeScales bool
 }
 
 // Converts reports whether the linear layer fqn (as "layers.0.attention.wq"
@@ -290,4 +295,31 @@ func Unscale(dst []float32, ldc int, c []float32, rows, cols int, rowScale, colS
 			}
 		}
 	})
+}
+
+// CastE4M3 writes into dst[i] the e4m3fn bit pattern of src[i]·scale,
+// rounded to nearest even and saturating (numeric.Float32ToE4M3Sat): the
+// bytes of the float8 tensor whose values Cast(…, E4M3) gives as float32.
+func CastE4M3(dst []byte, src []float32, scale float32) {
+	dst = dst[:len(src)]
+	for i, v := range src {
+		dst[i] = numeric.Float32ToE4M3Sat(v * scale)
+	}
+}
+
+// e4m3Values are the float32 values of the e4m3fn bit patterns.
+var e4m3Values = func() (t [256]float32) {
+	for i := range t {
+		t[i] = numeric.E4M3ToFloat32(uint8(i))
+	}
+	return t
+}()
+
+// WidenE4M3 writes into dst[i] the value of the e4m3fn bit pattern
+// src[i], exactly.
+func WidenE4M3(dst []float32, src []byte) {
+	dst = dst[:len(src)]
+	for i, b := range src {
+		dst[i] = e4m3Values[b]
+	}
 }

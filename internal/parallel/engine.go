@@ -288,8 +288,12 @@ func New(be backend.Backend, fam model.Family, g *Groups, o Options) (Engine, er
 			p.BindUnit(u-st.unit0, params, grads)
 		}
 	}
+	f8, bindScales := e.float8Units(owner)
 	last := len(pp.Stages) - 1
 	e.rt, err = fsdp.New(be, units, bind, fsdp.Config{
+		Float8: f8, BindScales: bindScales,
+		Float8AllGather:  o.Precision.Float8 != nil && o.Precision.Float8.FSDPAllGather,
+		PrecomputeScales: o.Precision.Float8 != nil && o.Precision.Float8.PrecomputeScales,
 		Shard: g.Shard, Replicate: g.Replicate,
 		Reshard:  o.Reshard.Resolve(g.Mesh.PP > 1),
 		Segments: segments,
@@ -308,6 +312,31 @@ func New(be backend.Backend, fam model.Family, g *Groups, o Options) (Engine, er
 		return nil, err
 	}
 	return e, nil
+}
+
+// float8Units are the float8 weights of every unit (nil without any) and
+// the BindScales hook that hands their scales to every part of the unit's
+// stage.
+func (e *engine) float8Units(owner []*stage) ([][]fsdp.Range, func(u int, scales []float32)) {
+	if e.pl.Precision.Float8 == nil {
+		return nil, nil
+	}
+	f8 := make([][]fsdp.Range, len(owner))
+	for u, st := range owner {
+		p, ok := st.parts[0].(model.Float8Part)
+		if !ok {
+			return nil, nil
+		}
+		for _, w := range p.Float8Weights(u - st.unit0) {
+			f8[u] = append(f8[u], fsdp.Range{Lo: st.off + w.Lo, Hi: st.off + w.Hi})
+		}
+	}
+	return f8, func(u int, scales []float32) {
+		st := owner[u]
+		for _, p := range st.parts {
+			p.(model.Float8Part).BindFloat8Scales(u-st.unit0, scales)
+		}
+	}
 }
 
 // evalShape is the validation rows per data rank and sequence length.

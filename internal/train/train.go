@@ -328,7 +328,8 @@ func Precision(job *config.Job) (model.Precision, backend.DType, error) {
 		if err != nil {
 			return p, 0, err
 		}
-		p.Float8 = &float8.Config{Recipe: r, FilterFQNs: slices.Clone(f.FilterFQNs)}
+		p.Float8 = &float8.Config{Recipe: r, FilterFQNs: slices.Clone(f.FilterFQNs),
+			FSDPAllGather: f.EnableFSDPFloat8AllGather, PrecomputeScales: f.PrecomputeFloat8DynamicScaleForFSDP}
 	}
 	return p, dtype(job.Training.MixedPrecisionReduce), nil
 }
