@@ -645,7 +645,11 @@ func TestValidate(t *testing.T) {
 		{"training.mixed_precision_param", func(j *Job) { j.Training.MixedPrecisionParam = "float16" }},
 		{"training.mixed_precision_reduce", func(j *Job) { j.Training.MixedPrecisionReduce = "float16" }},
 		{"float8.recipe_name", func(j *Job) { j.Float8.RecipeName = "blockwise" }},
-		{"float8.enable_fsdp_float8_all_gather", func(j *Job) { j.Model.Converters = []string{"float8"}; j.Float8.RecipeName = "rowwise"; j.Float8.EnableFSDPFloat8AllGather = true }},
+		{"float8.enable_fsdp_float8_all_gather", func(j *Job) {
+			j.Model.Converters = []string{"float8"}
+			j.Float8.RecipeName = "rowwise"
+			j.Float8.EnableFSDPFloat8AllGather = true
+		}},
 		{"float8.precompute_float8_dynamic_scale_for_fsdp", func(j *Job) { j.Float8.PrecomputeFloat8DynamicScaleForFSDP = true }},
 		{"float8.enable_fsdp_float8_all_gather", func(j *Job) { j.Float8.EnableFSDPFloat8AllGather = true }},
 		{"training.threads", func(j *Job) { j.Training.Threads = -1 }},

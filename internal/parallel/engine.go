@@ -294,7 +294,7 @@ func New(be backend.Backend, fam model.Family, g *Groups, o Options) (Engine, er
 		Float8: f8, BindScales: bindScales,
 		Float8AllGather:  o.Precision.Float8 != nil && o.Precision.Float8.FSDPAllGather,
 		PrecomputeScales: o.Precision.Float8 != nil && o.Precision.Float8.PrecomputeScales,
-		Shard: g.Shard, Replicate: g.Replicate,
+		Shard:            g.Shard, Replicate: g.Replicate,
 		Reshard:  o.Reshard.Resolve(g.Mesh.PP > 1),
 		Segments: segments,
 		KeepLast: e.stages[len(e.stages)-1].index == last,

@@ -223,7 +223,9 @@ func (r *Runtime) scalesFor(u int) error {
 }
 
 // bytes8 is b's memory as bytes.
-func bytes8(b []uint16) []byte { return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(b))), 2*len(b)) }
+func bytes8(b []uint16) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(b))), 2*len(b))
+}
 
 // gather8 issues unit u's float8 all-gather into full (the unit buffer):
 // scales, then this rank's part packed into its chunk of the receive
