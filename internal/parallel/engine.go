@@ -55,6 +55,8 @@ type Engine interface {
 	Shards(local []float32, prefix string) []checkpoint.Shard
 	// Memory reports this rank's memory.
 	Memory() Memory
+	// Gathers counts the FSDP parameter all-gathers of this rank so far.
+	Gathers() fsdp.GatherStats
 	// PipelineStep measures the last step's pipeline bubble over every
 	// rank (nil without pipeline parallelism). Every rank must call it.
 	PipelineStep() (*PipelineStep, error)
@@ -725,6 +727,8 @@ func (e *engine) Memory() Memory {
 	}
 	return Memory{StateBytes: e.rt.StateBytes(), ActivationBytes: act, GatheredUnits: e.rt.GatheredBuffers(), UnitBufferBytes: e.rt.BufferBytes()}
 }
+
+func (e *engine) Gathers() fsdp.GatherStats { return e.rt.GatherStats() }
 
 func (e *engine) PipelineStep() (*PipelineStep, error) {
 	if e.g.Mesh.PP == 1 {
