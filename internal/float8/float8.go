@@ -168,8 +168,8 @@ func Scale(amax float32, f Format, pow2 bool) float32 {
 // Amax is the largest |x|
 // (NaN if x has a NaN, as torch's amax), compared on the bits.
 func Amax(x []float32) float32 {
-	var m uint32
-	for _, v := range x {
+	m, done := amaxVec(x)
+	for _, v := range x[done:] {
 		m = max(m, math.Float32bits(v)&^0x80000000)
 	}
 	return math.Float32frombits(m)
@@ -187,8 +187,14 @@ func Cast(dst, src []float32, scale float32, f Format) {
 // scales[i] when scales is set: Round's arithmetic in one loop, without
 // a call per element.
 func castScaled(dst, src []float32, scale float32, scales []float32, f Format) {
-	p := params[f]
 	dst = dst[:len(src)]
+	if done := castVec(dst, src, scale, scales, f); done > 0 {
+		dst, src = dst[done:], src[done:]
+		if scales != nil {
+			scales = scales[done:]
+		}
+	}
+	p := params[f]
 	for i, v := range src {
 		s := scale
 		if scales != nil {

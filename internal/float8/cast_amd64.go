@@ -1,0 +1,46 @@
+package float8
+
+import "golang.org/x/sys/cpu"
+
+// castAVX512 is castScaled on n elements, n a multiple of 16 (scales nil:
+// scale for every element).
+//
+//go:noescape
+func castAVX512(dst, src, scales *float32, scale float32, n int, p *formatParams)
+
+// amaxAVX512 is the largest bit pattern of |x[i]| over n elements, n a
+// multiple of 64.
+//
+//go:noescape
+func amaxAVX512(x *float32, n int) uint32
+
+// hasAVX512 says whether the vector casts run; tests turn it off to
+// compare them with the scalar loops.
+var hasAVX512 = cpu.X86.HasAVX512F
+
+// castVec casts the leading multiple of 16 elements of src as castScaled
+// does, with AVX-512 where the CPU has it, and returns how many.
+func castVec(dst, src []float32, scale float32, scales []float32, f Format) int {
+	n := len(src) &^ 15
+	if !hasAVX512 || n == 0 {
+		return 0
+	}
+	_ = dst[n-1]
+	var ps *float32
+	if scales != nil {
+		_ = scales[n-1]
+		ps = &scales[0]
+	}
+	castAVX512(&dst[0], &src[0], ps, scale, n, &params[f])
+	return n
+}
+
+// amaxVec is the largest |x| bit pattern of the leading multiple of 64
+// elements of x, and how many it covered.
+func amaxVec(x []float32) (uint32, int) {
+	n := len(x) &^ 63
+	if !hasAVX512 || n == 0 {
+		return 0, 0
+	}
+	return amaxAVX512(&x[0], n), n
+}

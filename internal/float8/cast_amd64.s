@@ -1,0 +1,113 @@
+//go:build amd64
+
+#include "textflag.h"
+
+// func castAVX512(dst, src, scales *float32, scale float32, n int, p *formatParams)
+// Writes dst[i] = Round(src[i]·s) for n elements, n a multiple of 16,
+// with s = scales[i] when scales is not nil and scale otherwise: the
+// arithmetic of castScaled on the float32 bits, 16 lanes at a time.
+TEXT ·castAVX512(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ scales+16(FP), DX
+	VBROADCASTSS scale+24(FP), Z15
+	MOVQ n+32(FP), CX
+	MOVQ p+40(FP), AX
+	VPBROADCASTD 0(AX), Z10      // bits of the smallest normal
+	VBROADCASTSS 4(AX), Z11      // subnormal magic
+	VPBROADCASTD 8(AX), Z12      // mantissa bits dropped
+	VPBROADCASTD 12(AX), Z13     // half an ulp
+	VPBROADCASTD 16(AX), Z14     // bits of Max
+	MOVL $0x7fffffff, R8
+	VPBROADCASTD R8, Z16         // abs mask
+	MOVL $0x80000000, R8
+	VPBROADCASTD R8, Z17         // sign
+	MOVL $0x7f800000, R8
+	VPBROADCASTD R8, Z18         // infinity
+	MOVL $1, R8
+	VPBROADCASTD R8, Z19         // 1
+	VPSUBD Z19, Z13, Z20         // half - 1
+	VPTERNLOGD $0xff, Z21, Z21, Z21
+	VPSLLVD Z12, Z21, Z21        // ^(1<<shift - 1)
+	SHRQ $4, CX
+	JZ done
+loop:
+	VMOVUPS (SI), Z0
+	TESTQ DX, DX
+	JZ one
+	VMULPS (DX), Z0, Z0
+	ADDQ $64, DX
+	JMP scaled
+one:
+	VMULPS Z15, Z0, Z0
+scaled:
+	VPANDD Z16, Z0, Z1           // a = |y| bits
+	VPANDD Z17, Z0, Z2           // sign
+	// Normal: a + half - 1 + ((a >> shift) & 1), low bits cleared, at
+	// most Max.
+	VPSRLVD Z12, Z1, Z3
+	VPANDD Z19, Z3, Z3
+	VPADDD Z20, Z3, Z3
+	VPADDD Z1, Z3, Z3
+	VPANDD Z21, Z3, Z3
+	VPMINUD Z14, Z3, Z3
+	// Subnormal (a < smallest normal): (|y| + magic) - magic.
+	VPCMPUD $1, Z10, Z1, K1
+	VADDPS Z11, Z1, Z4
+	VSUBPS Z11, Z4, Z4
+	VMOVDQA32 Z4, K1, Z3
+	// NaN (a > infinity) stays.
+	VPCMPUD $6, Z18, Z1, K2
+	VMOVDQA32 Z1, K2, Z3
+	VPORD Z2, Z3, Z3
+	VMOVUPS Z3, (DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	DECQ CX
+	JNZ loop
+done:
+	VZEROUPPER
+	RET
+
+// func amaxAVX512(x *float32, n int) uint32
+// Returns the largest of the bits of |x[i]| over n elements, n a
+// multiple of 64.
+TEXT ·amaxAVX512(SB), NOSPLIT, $0-20
+	MOVQ x+0(FP), SI
+	MOVQ n+8(FP), CX
+	MOVL $0x7fffffff, R8
+	VPBROADCASTD R8, Z16
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	SHRQ $6, CX
+	JZ reduce
+aloop:
+	VPANDD 0(SI), Z16, Z4
+	VPANDD 64(SI), Z16, Z5
+	VPANDD 128(SI), Z16, Z6
+	VPANDD 192(SI), Z16, Z7
+	VPMAXUD Z4, Z0, Z0
+	VPMAXUD Z5, Z1, Z1
+	VPMAXUD Z6, Z2, Z2
+	VPMAXUD Z7, Z3, Z3
+	ADDQ $256, SI
+	DECQ CX
+	JNZ aloop
+reduce:
+	VPMAXUD Z1, Z0, Z0
+	VPMAXUD Z3, Z2, Z2
+	VPMAXUD Z2, Z0, Z0
+	VEXTRACTI64X4 $1, Z0, Y1
+	VPMAXUD Y1, Y0, Y0
+	VEXTRACTI128 $1, Y0, X1
+	VPMAXUD X1, X0, X0
+	VPSHUFD $0x4e, X0, X1
+	VPMAXUD X1, X0, X0
+	VPSHUFD $0xb1, X0, X1
+	VPMAXUD X1, X0, X0
+	VMOVD X0, AX
+	MOVL AX, ret+16(FP)
+	VZEROUPPER
+	RET

@@ -1,0 +1,9 @@
+//go:build !amd64
+
+package float8
+
+var hasAVX512 = false
+
+func castVec(dst, src []float32, scale float32, scales []float32, f Format) int { return 0 }
+
+func amaxVec(x []float32) (uint32, int) { return 0, 0 }

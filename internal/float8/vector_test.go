@@ -1,0 +1,146 @@
+package float8
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// castInputs are float32 patterns of every class: every 4099th pattern
+// of both signs, runs around each format's boundaries (subnormal
+// spacing, smallest normal, Max and its rounding midpoint, the largest
+// float32, infinity), both zeros and NaNs with payloads.
+func castInputs() []float32 {
+	var in []float32
+	for b := uint64(0); b < 1<<32; b += 4099 {
+		in = append(in, math.Float32frombits(uint32(b)))
+	}
+	for _, v := range []float32{0x1p-6, 0x1p-9, 0x1p-10, 0x1p-14, 0x1p-16, 0x1p-17, 448, 464, 480, 57344, 61440, 65536, math.MaxFloat32, float32(math.Inf(1))} {
+		b := math.Float32bits(v)
+		for d := uint32(0); d < 300; d++ {
+			in = append(in, math.Float32frombits(b-d), math.Float32frombits(b+d), -math.Float32frombits(b-d))
+		}
+	}
+	for _, b := range []uint32{0, 0x80000000, 0x7fc00000, 0xffc00001, 0x7f800001, 0x7fbfffff} {
+		in = append(in, math.Float32frombits(b))
+	}
+	return in
+}
+
+// scalar runs f with the vector paths off.
+func scalar(f func()) {
+	was := hasAVX512
+	hasAVX512 = false
+	defer func() { hasAVX512 = was }()
+	f()
+}
+
+// TestVectorCastsMatchScalar: the AVX-512 casts (Cast, CastRows and
+// CastCols with its per-column scales) give the scalar loop's bits,
+// NaN payloads included, on every class of castInputs, for scales that
+// move them across every boundary, on every length and alignment of a
+// short slice (vector blocks and scalar tail); Amax likewise, NaNs and
+// negative zeros included.
+func TestVectorCastsMatchScalar(t *testing.T) {
+	if !hasAVX512 {
+		t.Skip("the CPU has no AVX-512: the casts run the scalar loops only")
+	}
+	in := castInputs()
+	same := func(what string, got, want []float32) {
+		t.Helper()
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("%s: element %d (%#08x): %#08x, scalar %#08x", what, i, math.Float32bits(in[i%len(in)]), math.Float32bits(got[i]), math.Float32bits(want[i]))
+			}
+		}
+	}
+	got, want := make([]float32, len(in)), make([]float32, len(in))
+	for _, f := range []Format{E4M3, E5M2} {
+		for _, s := range []float32{1, 0.75, 3, 448.0 / 3, 0x1p-100, 0x1p100, 448 / 1e-12} {
+			Cast(got, in, s, f)
+			scalar(func() { Cast(want, in, s, f) })
+			same(f.String()+" Cast", got, want)
+		}
+		// Per-column scales: one row of every input, columns scaled apart.
+		cols := 4096
+		src := in[:cols]
+		scales := make([]float32, cols)
+		for j := range scales {
+			scales[j] = math.Float32frombits(0x20000000 + uint32(j)*0x7f1234%0x3f000000)
+		}
+		castScaled(got[:cols], src, 0, scales, f)
+		scalar(func() { castScaled(want[:cols], src, 0, scales, f) })
+		same(f.String()+" per-element scales", got[:cols], want[:cols])
+		for off := 0; off < 3; off++ {
+			for n := 0; n < 70; n++ {
+				a, b := in[1000*n+off:1000*n+off+n], make([]float32, n)
+				Cast(got[:n], a, 3, f)
+				scalar(func() { Cast(b, a, 3, f) })
+				same("short Cast", got[:n], b)
+			}
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{0, 1, 63, 64, 65, 200, 1000, 4097} {
+		x := make([]float32, n)
+		for trial := 0; trial < 20; trial++ {
+			for i := range x {
+				x[i] = in[rng.IntN(len(in))]
+			}
+			if n > 0 && trial%2 == 0 {
+				x[rng.IntN(n)] = -0.0
+			}
+			var w float32
+			scalar(func() { w = Amax(x) })
+			if g := Amax(x); math.Float32bits(g) != math.Float32bits(w) {
+				t.Fatalf("Amax of %d elements: %#08x, scalar %#08x", n, math.Float32bits(g), math.Float32bits(w))
+			}
+		}
+	}
+}
+
+func BenchmarkAmax(b *testing.B) {
+	x := make([]float32, 1<<20)
+	for i := range x {
+		x[i] = float32(i%1000-500) * 0.37
+	}
+	for _, vec := range []bool{false, true} {
+		name := "scalar"
+		if vec {
+			name = "avx512"
+		}
+		b.Run(name, func(b *testing.B) {
+			was := hasAVX512
+			hasAVX512 = vec && was
+			defer func() { hasAVX512 = was }()
+			for i := 0; i < b.N; i++ {
+				Amax(x)
+			}
+			b.ReportMetric(float64(len(x)*b.N)/b.Elapsed().Seconds()/1e9, "Gelem/s")
+		})
+	}
+}
+
+// BenchmarkCastVector times Cast with the vector path and the scalar loop.
+func BenchmarkCastVector(b *testing.B) {
+	src := make([]float32, 1<<20)
+	for i := range src {
+		src[i] = float32(i%1000-500) * 0.37
+	}
+	dst := make([]float32, len(src))
+	for _, vec := range []bool{false, true} {
+		name := "scalar"
+		if vec {
+			name = "avx512"
+		}
+		b.Run(name, func(b *testing.B) {
+			was := hasAVX512
+			hasAVX512 = vec && was
+			defer func() { hasAVX512 = was }()
+			for i := 0; i < b.N; i++ {
+				Cast(dst, src, 0.5, E4M3)
+			}
+			b.ReportMetric(float64(len(src)*b.N)/b.Elapsed().Seconds()/1e9, "Gelem/s")
+		})
+	}
+}
