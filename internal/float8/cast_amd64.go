@@ -44,3 +44,20 @@ func amaxVec(x []float32) (uint32, int) {
 	}
 	return amaxAVX512(&x[0], n), n
 }
+
+// unscaleAVX512 is one row of Unscale on n elements, n a multiple of 16.
+//
+//go:noescape
+func unscaleAVX512(out, src, ci *float32, ri, beta float32, n int)
+
+// unscaleVec runs the leading multiple of 16 elements of one row of
+// Unscale with AVX-512 where the CPU has it, and returns how many.
+func unscaleVec(out, src, ci []float32, ri, beta float32) int {
+	n := len(src) &^ 15
+	if !hasAVX512 || n == 0 {
+		return 0
+	}
+	_, _ = out[n-1], ci[n-1]
+	unscaleAVX512(&out[0], &src[0], &ci[0], ri, beta, n)
+	return n
+}

@@ -111,3 +111,44 @@ reduce:
 	MOVL AX, ret+16(FP)
 	VZEROUPPER
 	RET
+
+// func unscaleAVX512(out, src, ci *float32, ri, beta float32, n int)
+// Writes out[j] = src[j]·(ri·ci[j]) (+ beta·out[j] when beta is not 0)
+// for n elements, n a multiple of 16, each product rounded to float32 as
+// Unscale's loop does (no fused multiply-add).
+TEXT ·unscaleAVX512(SB), NOSPLIT, $0-40
+	MOVQ out+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ ci+16(FP), DX
+	VBROADCASTSS ri+24(FP), Z10
+	VBROADCASTSS beta+28(FP), Z11
+	MOVL beta+28(FP), AX
+	MOVQ n+32(FP), CX
+	SHRQ $4, CX
+	JZ udone
+	TESTL $0x7fffffff, AX
+	JZ nobeta
+uloop:
+	VMULPS (DX), Z10, Z0
+	VMULPS (SI), Z0, Z0
+	VMULPS (DI), Z11, Z1
+	VADDPS Z1, Z0, Z0
+	VMOVUPS Z0, (DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	ADDQ $64, DX
+	DECQ CX
+	JNZ uloop
+	JMP udone
+nobeta:
+	VMULPS (DX), Z10, Z0
+	VMULPS (SI), Z0, Z0
+	VMOVUPS Z0, (DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	ADDQ $64, DX
+	DECQ CX
+	JNZ nobeta
+udone:
+	VZEROUPPER
+	RET

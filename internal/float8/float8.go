@@ -292,10 +292,14 @@ func Unscale(dst []float32, ldc int, c []float32, rows, cols int, rowScale, colS
 			ri := inv(rowScale, i)
 			out := dst[i*ldc : i*ldc+cols]
 			src := c[i*cols : (i+1)*cols]
-			for j, v := range src {
-				y := v * (ri * ci[j])
+			done := unscaleVec(out, src, ci, ri, beta)
+			for j, v := range src[done:] {
+				j += done
+				// Each product rounded on its own (explicit conversions:
+				// no fused multiply-add), as the vector loop computes.
+				y := float32(v * float32(ri*ci[j]))
 				if beta != 0 {
-					y += beta * out[j]
+					y += float32(beta * out[j])
 				}
 				out[j] = y
 			}
