@@ -61,3 +61,37 @@ func unscaleVec(out, src, ci []float32, ri, beta float32) int {
 	unscaleAVX512(&out[0], &src[0], &ci[0], ri, beta, n)
 	return n
 }
+
+// castE4M3AVX512 is CastE4M3 on n elements, n a multiple of 16.
+//
+//go:noescape
+func castE4M3AVX512(dst *byte, src *float32, scale float32, n int)
+
+// widenE4M3AVX512 is WidenE4M3 on n elements, n a multiple of 16, by
+// lookups in table (e4m3Values).
+//
+//go:noescape
+func widenE4M3AVX512(dst *float32, src *byte, n int, table *float32)
+
+// castE4M3Vec runs the leading multiple of 16 elements of CastE4M3 with
+// AVX-512 where the CPU has it, and returns how many.
+func castE4M3Vec(dst []byte, src []float32, scale float32) int {
+	n := len(src) &^ 15
+	if !hasAVX512 || n == 0 {
+		return 0
+	}
+	_ = dst[n-1]
+	castE4M3AVX512(&dst[0], &src[0], scale, n)
+	return n
+}
+
+// widenE4M3Vec is castE4M3Vec for WidenE4M3.
+func widenE4M3Vec(dst []float32, src []byte) int {
+	n := len(src) &^ 15
+	if !hasAVX512 || n == 0 {
+		return 0
+	}
+	_ = dst[n-1]
+	widenE4M3AVX512(&dst[0], &src[0], n, &e4m3Values[0])
+	return n
+}

@@ -152,3 +152,92 @@ nobeta:
 udone:
 	VZEROUPPER
 	RET
+
+// func castE4M3AVX512(dst *byte, src *float32, scale float32, n int)
+// Writes dst[i] = the e4m3fn bits of Round(src[i]·scale) (CastE4M3) for
+// n elements, n a multiple of 16: castAVX512's rounding, then the value's
+// code: (bits - 2^-7's bits) >> 20 for normals, the subnormal magic sum's
+// low bits for subnormals, 0x7f for NaN, with the sign.
+TEXT ·castE4M3AVX512(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	VBROADCASTSS scale+16(FP), Z15
+	MOVQ n+24(FP), CX
+	MOVL $0x3c800000, R8
+	VPBROADCASTD R8, Z10         // bits of 2^-6, the smallest normal
+	MOVL $0x46800000, R8
+	VPBROADCASTD R8, Z11         // 2^14, the subnormal magic
+	MOVL $0x43e00000, R8
+	VPBROADCASTD R8, Z14         // bits of 448
+	MOVL $0x7fffffff, R8
+	VPBROADCASTD R8, Z16
+	MOVL $0x7f800000, R8
+	VPBROADCASTD R8, Z18
+	MOVL $1, R8
+	VPBROADCASTD R8, Z19
+	MOVL $0x7ffff, R8
+	VPBROADCASTD R8, Z20         // half an ulp - 1
+	MOVL $0xfff00000, R8
+	VPBROADCASTD R8, Z21         // clears the 20 dropped bits
+	MOVL $0x3c000000, R8
+	VPBROADCASTD R8, Z22         // rebias: bits of 2^-7
+	MOVL $0x7f, R8
+	VPBROADCASTD R8, Z23         // NaN code
+	MOVL $0x80, R8
+	VPBROADCASTD R8, Z24         // sign of a code
+	SHRQ $4, CX
+	JZ edone
+eloop:
+	VMULPS (SI), Z15, Z0
+	VPANDD Z16, Z0, Z1           // a = |y| bits
+	VPSRLD $24, Z0, Z2
+	VPANDD Z24, Z2, Z2           // sign << 7
+	// Normal: round to 3 mantissa bits, saturate, rebias and shift.
+	VPSRLD $20, Z1, Z3
+	VPANDD Z19, Z3, Z3
+	VPADDD Z20, Z3, Z3
+	VPADDD Z1, Z3, Z3
+	VPANDD Z21, Z3, Z3
+	VPMINUD Z14, Z3, Z3
+	VPSUBD Z22, Z3, Z3
+	VPSRLD $20, Z3, Z3
+	// Subnormal: bits(|y| + 2^14) - bits(2^14) is the code.
+	VPCMPUD $1, Z10, Z1, K1
+	VADDPS Z11, Z1, Z4
+	VPSUBD Z11, Z4, Z4
+	VMOVDQA32 Z4, K1, Z3
+	// NaN.
+	VPCMPUD $6, Z18, Z1, K2
+	VMOVDQA32 Z23, K2, Z3
+	VPORD Z2, Z3, Z3
+	VPMOVDB Z3, X3
+	VMOVDQU X3, (DI)
+	ADDQ $64, SI
+	ADDQ $16, DI
+	DECQ CX
+	JNZ eloop
+edone:
+	VZEROUPPER
+	RET
+
+// func widenE4M3AVX512(dst *float32, src *byte, n int, table *float32)
+// Writes dst[i] = table[src[i]] for n elements, n a multiple of 16.
+TEXT ·widenE4M3AVX512(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVQ table+24(FP), AX
+	SHRQ $4, CX
+	JZ wdone
+wloop:
+	VPMOVZXBD (SI), Z0
+	KXNORW K1, K1, K1
+	VPGATHERDD (AX)(Z0*4), K1, Z1
+	VMOVDQU32 Z1, (DI)
+	ADDQ $16, SI
+	ADDQ $64, DI
+	DECQ CX
+	JNZ wloop
+wdone:
+	VZEROUPPER
+	RET

@@ -312,8 +312,9 @@ func Unscale(dst []float32, ldc int, c []float32, rows, cols int, rowScale, colS
 // bytes of the float8 tensor whose values Cast(…, E4M3) gives as float32.
 func CastE4M3(dst []byte, src []float32, scale float32) {
 	dst = dst[:len(src)]
-	for i, v := range src {
-		dst[i] = numeric.Float32ToE4M3Sat(v * scale)
+	done := castE4M3Vec(dst, src, scale)
+	for i, v := range src[done:] {
+		dst[done+i] = numeric.Float32ToE4M3Sat(v * scale)
 	}
 }
 
@@ -329,7 +330,8 @@ var e4m3Values = func() (t [256]float32) {
 // src[i], exactly.
 func WidenE4M3(dst []float32, src []byte) {
 	dst = dst[:len(src)]
-	for i, b := range src {
-		dst[i] = e4m3Values[b]
+	done := widenE4M3Vec(dst, src)
+	for i, b := range src[done:] {
+		dst[done+i] = e4m3Values[b]
 	}
 }

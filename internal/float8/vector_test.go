@@ -36,7 +36,8 @@ func scalar(f func()) {
 }
 
 // TestVectorCastsMatchScalar: the AVX-512 casts (Cast, CastRows and
-// CastCols with its per-column scales) give the scalar loop's bits,
+// CastCols with its per-column scales, CastE4M3's bytes and WidenE4M3)
+// give the scalar loop's bits,
 // NaN payloads included, on every class of castInputs, for scales that
 // move them across every boundary, on every length and alignment of a
 // short slice (vector blocks and scalar tail); Amax likewise, NaNs and
@@ -79,6 +80,26 @@ func TestVectorCastsMatchScalar(t *testing.T) {
 				same("short Cast", got[:n], b)
 			}
 		}
+	}
+	// The e4m3 bytes of the FSDP float8 all-gather, and their widening
+	// (every pattern, several times over, and short tails).
+	codes, wcodes := make([]byte, len(in)), make([]byte, len(in))
+	for _, s := range []float32{1, 0.75, 3, 448.0 / 3, 0x1p-100, 0x1p100} {
+		CastE4M3(codes, in, s)
+		scalar(func() { CastE4M3(wcodes, in, s) })
+		for i := range in {
+			if codes[i] != wcodes[i] {
+				t.Fatalf("CastE4M3 scale %v: element %d (%#08x): %#02x, scalar %#02x", s, i, math.Float32bits(in[i]), codes[i], wcodes[i])
+			}
+		}
+	}
+	for i := range codes {
+		codes[i] = byte(i * 7)
+	}
+	for _, n := range []int{len(codes), 15, 17, 33} {
+		WidenE4M3(got[:n], codes[:n])
+		scalar(func() { WidenE4M3(want[:n], codes[:n]) })
+		same("WidenE4M3", got[:n], want[:n])
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, n := range []int{0, 1, 63, 64, 65, 200, 1000, 4097} {

@@ -35,6 +35,14 @@
 // before its reduce-scatter and all-reduce (comm accumulates in float32
 // and rounds the result once); the reduced shard is added to the float32
 // gradient shard.
+//
+// # Float8 all-gather
+//
+// With Config.Float8AllGather the float8 linear weights of each unit
+// (Config.Float8) are all-gathered as their e4m3 bytes, cast by each rank
+// from its own shard with the weight's global tensorwise scale, and the
+// model is told the scales (Config.BindScales); see float8.go.
+// GatherStats counts the bytes of every all-gather, float8 weights apart.
 package fsdp
 
 import (
