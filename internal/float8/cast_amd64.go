@@ -95,3 +95,21 @@ func widenE4M3Vec(dst []float32, src []byte) int {
 	widenE4M3AVX512(&dst[0], &src[0], n, &e4m3Values[0])
 	return n
 }
+
+// amaxColsAVX512 folds |row| into the column maxima amax (bit patterns)
+// for n elements, n a multiple of 16.
+//
+//go:noescape
+func amaxColsAVX512(amax *uint32, row *float32, n int)
+
+// amaxColsVec folds the leading multiple of 16 elements of row into amax
+// with AVX-512 where the CPU has it, and returns how many.
+func amaxColsVec(amax []uint32, row []float32) int {
+	n := len(row) &^ 15
+	if !hasAVX512 || n == 0 {
+		return 0
+	}
+	_ = amax[n-1]
+	amaxColsAVX512(&amax[0], &row[0], n)
+	return n
+}

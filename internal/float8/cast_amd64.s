@@ -241,3 +241,26 @@ wloop:
 wdone:
 	VZEROUPPER
 	RET
+
+// func amaxColsAVX512(amax *uint32, row *float32, n int)
+// Writes amax[j] = max(amax[j], bits of |row[j]|) for n elements, n a
+// multiple of 16.
+TEXT ·amaxColsAVX512(SB), NOSPLIT, $0-24
+	MOVQ amax+0(FP), DI
+	MOVQ row+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVL $0x7fffffff, R8
+	VPBROADCASTD R8, Z16
+	SHRQ $4, CX
+	JZ cdone
+cloop:
+	VPANDD (SI), Z16, Z0
+	VPMAXUD (DI), Z0, Z0
+	VMOVDQU32 Z0, (DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	DECQ CX
+	JNZ cloop
+cdone:
+	VZEROUPPER
+	RET

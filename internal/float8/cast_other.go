@@ -13,3 +13,5 @@ func unscaleVec(out, src, ci []float32, ri, beta float32) int { return 0 }
 func castE4M3Vec(dst []byte, src []float32, scale float32) int { return 0 }
 
 func widenE4M3Vec(dst []float32, src []byte) int { return 0 }
+
+func amaxColsVec(amax []uint32, row []float32) int { return 0 }

@@ -256,8 +256,10 @@ func CastRows(dst, src []float32, rows, cols int, f Format, pow2 bool, scales []
 func CastCols(dst, src []float32, rows, cols int, f Format, pow2 bool, scales []float32) {
 	amax := make([]uint32, cols)
 	for i := 0; i < rows; i++ {
-		for j, v := range src[i*cols : (i+1)*cols] {
-			amax[j] = max(amax[j], math.Float32bits(v)&^0x80000000)
+		row := src[i*cols : (i+1)*cols]
+		done := amaxColsVec(amax, row)
+		for j, v := range row[done:] {
+			amax[done+j] = max(amax[done+j], math.Float32bits(v)&^0x80000000)
 		}
 	}
 	for j := range amax {

@@ -69,6 +69,28 @@ func TestVectorCastsMatchScalar(t *testing.T) {
 		for j := range scales {
 			scales[j] = math.Float32frombits(0x20000000 + uint32(j)*0x7f1234%0x3f000000)
 		}
+		// CastCols: its column maxima and per-column scales, on rows of a
+		// length that is not a multiple of 16.
+		for _, cc := range []int{16, 37, 100} {
+			// Finite values of every class, in random order, columns of
+			// different magnitudes; one column holds a NaN.
+			rows := 300
+			r := rand.New(rand.NewPCG(5, uint64(cc)))
+			x := make([]float32, rows*cc)
+			for i := range x {
+				v := in[r.IntN(len(in))]
+				for math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) || math.Abs(float64(v)) > 1e30 || math.Abs(float64(v)) < 1e-30 {
+					v = in[r.IntN(len(in))]
+				}
+				x[i] = float32(math.Ldexp(float64(r.NormFloat64()), i%cc-cc/2)) + v*0x1p-100
+			}
+			x[cc+3] = float32(math.NaN())
+			gs, ws := make([]float32, cc), make([]float32, cc)
+			CastCols(got[:len(x)], x, rows, cc, f, true, gs)
+			scalar(func() { CastCols(want[:len(x)], x, rows, cc, f, true, ws) })
+			same(f.String()+" CastCols scales", gs, ws)
+			same(f.String()+" CastCols", got[:len(x)], want[:len(x)])
+		}
 		castScaled(got[:cols], src, 0, scales, f)
 		scalar(func() { castScaled(want[:cols], src, 0, scales, f) })
 		same(f.String()+" per-element scales", got[:cols], want[:cols])
