@@ -293,14 +293,14 @@ func New(be backend.Backend, fam model.Family, g *Groups, o Options) (Engine, er
 	f8, bindScales := e.float8Units(owner)
 	last := len(pp.Stages) - 1
 	e.rt, err = fsdp.New(be, units, bind, fsdp.Config{
-		Float8: f8, BindScales: bindScales,
-		Float8AllGather:  o.Precision.Float8 != nil && o.Precision.Float8.FSDPAllGather,
-		PrecomputeScales: o.Precision.Float8 != nil && o.Precision.Float8.PrecomputeScales,
-		Shard:            g.Shard, Replicate: g.Replicate,
+		Shard: g.Shard, Replicate: g.Replicate,
 		Reshard:  o.Reshard.Resolve(g.Mesh.PP > 1),
 		Segments: segments,
 		KeepLast: e.stages[len(e.stages)-1].index == last,
 		Param:    o.Precision.Param, Reduce: o.Reduce,
+		Float8: f8, BindScales: bindScales,
+		Float8AllGather:  o.Precision.Float8 != nil && o.Precision.Float8.FSDPAllGather,
+		PrecomputeScales: o.Precision.Float8 != nil && o.Precision.Float8.PrecomputeScales,
 	})
 	if err != nil {
 		return nil, err

@@ -26,7 +26,7 @@ import (
 //
 // Without Config.PrecomputeScales each gather all-reduces the amax of
 // each of the unit's weights (one collective per weight, as torchao's
-// pre-all-gather hook); with it, the first gather after Invalidate (the
+// pre-all-gather hook; issued together, then waited for); with it, the first gather after Invalidate (the
 // optimizer step) all-reduces every weight's amax of the runtime in one
 // collective and the scales serve every gather until the next
 // Invalidate.
@@ -212,9 +212,13 @@ func (r *Runtime) scalesFor(u int) error {
 	p := &r.f8[u]
 	amax := make([]float32, len(p.weights))
 	r.localAmax(u, amax)
+	works := make([]*comm.Work, len(amax))
 	for i := range amax {
 		r.stats.ScaleReductions++
-		if err := r.shard.AllReduce(ctx, comm.F32(amax[i:i+1]), comm.Max); err != nil {
+		works[i] = r.shard.AllReduceAsync(ctx, comm.F32(amax[i:i+1]), comm.Max)
+	}
+	for i, w := range works {
+		if err := w.Wait(); err != nil {
 			return fmt.Errorf("fsdp: float8 amax all-reduce of unit %d weight %d: %w", u, i, err)
 		}
 		p.scales[i] = float8.Scale(amax[i], float8.E4M3, false)
