@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -365,11 +366,36 @@ var keyTable = map[string]keyCheck{
 	"training.mixed_precision_param":  {coveredBy: "TestMixedPrecisionLayoutsMatchOneProcess"},
 	"training.mixed_precision_reduce": {coveredBy: "TestMixedPrecisionLayoutsMatchOneProcess"},
 	// [float8]: the recipes and the filter change a float8 run's losses;
-	// the FSDP float8 all-gather is refused.
-	"float8.recipe_name":                              {coveredBy: "TestFloat8Trains"},
-	"float8.filter_fqns":                              {coveredBy: "TestFloat8Trains"},
-	"float8.enable_fsdp_float8_all_gather":            {refuse: "true"},
-	"float8.precompute_float8_dynamic_scale_for_fsdp": {inertUnless: "float8.enable_fsdp_float8_all_gather"},
+	// the FSDP float8 all-gather moves the float8 weights in half the
+	// bytes of the bfloat16 gather, with the same losses; precomputed
+	// scales take fewer amax all-reduces, with the same losses.
+	"float8.recipe_name": {coveredBy: "TestFloat8Trains"},
+	"float8.filter_fqns": {coveredBy: "TestFloat8Trains"},
+	"float8.enable_fsdp_float8_all_gather": {check: func(t *testing.T, h *keysHarness) {
+		base := float8FSDP()
+		a, b := h.ok(t, base...), h.ok(t, append(base, "float8.enable_fsdp_float8_all_gather=true")...)
+		ga, gb := gatherLog(t, a), gatherLog(t, b)
+		if ga.as != "bfloat16" || gb.as != "e4m3" || gb.float8*2 != ga.float8 || gb.other != ga.other {
+			t.Errorf("float8 weights gathered as %s in %d B (other %d B), with the float8 all-gather as %s in %d B (other %d B): want e4m3 in half the bytes",
+				ga.as, ga.float8, ga.other, gb.as, gb.float8, gb.other)
+		}
+		if x, y := a.col(t, "loss"), b.col(t, "loss"); !reflect.DeepEqual(x, y) {
+			t.Errorf("the float8 all-gather changed the losses: %v, then %v", x, y)
+		}
+		h.fails(t, "float8.enable_fsdp_float8_all_gather", "float8.enable_fsdp_float8_all_gather=true")
+	}},
+	"float8.precompute_float8_dynamic_scale_for_fsdp": {check: func(t *testing.T, h *keysHarness) {
+		base := append(float8FSDP(), "float8.enable_fsdp_float8_all_gather=true")
+		a, b := h.ok(t, base...), h.ok(t, append(base, "float8.precompute_float8_dynamic_scale_for_fsdp=true")...)
+		ga, gb := gatherLog(t, a), gatherLog(t, b)
+		if steps := 3; gb.amax != steps || ga.amax <= gb.amax {
+			t.Errorf("amax all-reduces: %d per weight and gather, %d precomputed: want one per step (%d)", ga.amax, gb.amax, steps)
+		}
+		if x, y := a.col(t, "loss"), b.col(t, "loss"); !reflect.DeepEqual(x, y) {
+			t.Errorf("precomputed scales changed the losses: %v, then %v", x, y)
+		}
+		h.fails(t, "float8.precompute_float8_dynamic_scale_for_fsdp", "float8.precompute_float8_dynamic_scale_for_fsdp=true")
+	}},
 	// training.device: "cuda" takes the CUDA backend, which on a machine
 	// without a GPU (CI) is an error naming the key; TestDevicesWithoutGPU
 	// checks its text.
@@ -859,4 +885,29 @@ func otherCorpus(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// float8FSDP are the overrides of a tensorwise float8 FSDP2 run in
+// bfloat16.
+func float8FSDP() []string {
+	return []string{"--nproc 2", "training.local_batch_size=1", "training.mixed_precision_param=bfloat16",
+		`model.converters=["float8"]`, "float8.recipe_name=tensorwise"}
+}
+
+// gathers is a run's FSDP all-gather line ("titan: fsdp: ...").
+type gathers struct {
+	as                  string
+	float8, other, amax int
+}
+
+var gatherRx = regexp.MustCompile(`float8 weights (\d+) B as (\w+), other parameters (\d+) B, padding \d+ B; (\d+) float8 amax all-reduces`)
+
+func gatherLog(t *testing.T, r *keysRun) gathers {
+	t.Helper()
+	m := gatherRx.FindStringSubmatch(r.out)
+	if m == nil {
+		t.Fatalf("no float8 all-gather line in the log:\n%s", r.out)
+	}
+	atoi := func(s string) int { n, _ := strconv.Atoi(s); return n }
+	return gathers{as: m[2], float8: atoi(m[1]), other: atoi(m[3]), amax: atoi(m[4])}
 }

@@ -419,14 +419,15 @@ type Float8 struct {
 	// FilterFQNs lists substrings of linear layers' fully qualified names
 	// ("output", "layers.0.", "attention.wq") left in high precision.
 	FilterFQNs []string `toml:"filter_fqns" mapstructure:"filter_fqns"`
-	// EnableFSDPFloat8AllGather would cast the float8 layers' weights to
-	// e4m3 before the FSDP all-gather (tensorwise only); titan refuses it
-	// (not supported yet: the all-gathers move the parameter dtype).
+	// EnableFSDPFloat8AllGather casts the float8 layers' weights to e4m3
+	// before the FSDP all-gather (tensorwise only): each rank casts its
+	// shard with the weight's global scale and the all-gather moves one
+	// byte per element.
 	EnableFSDPFloat8AllGather bool `toml:"enable_fsdp_float8_all_gather" mapstructure:"enable_fsdp_float8_all_gather"`
 	// PrecomputeFloat8DynamicScaleForFSDP computes every float8 weight's
-	// scale once per step, in one all-reduce, instead of once per
-	// all-gather; it needs enable_fsdp_float8_all_gather, so titan
-	// refuses it too.
+	// scale once per step (after the optimizer step), in one all-reduce,
+	// instead of one all-reduce per weight and all-gather; it needs
+	// enable_fsdp_float8_all_gather.
 	PrecomputeFloat8DynamicScaleForFSDP bool `toml:"precompute_float8_dynamic_scale_for_fsdp" mapstructure:"precompute_float8_dynamic_scale_for_fsdp"`
 }
 

@@ -645,8 +645,13 @@ func TestValidate(t *testing.T) {
 		{"training.mixed_precision_param", func(j *Job) { j.Training.MixedPrecisionParam = "float16" }},
 		{"training.mixed_precision_reduce", func(j *Job) { j.Training.MixedPrecisionReduce = "float16" }},
 		{"float8.recipe_name", func(j *Job) { j.Float8.RecipeName = "blockwise" }},
-		{"float8.enable_fsdp_float8_all_gather", func(j *Job) { j.Float8.RecipeName = "rowwise"; j.Float8.EnableFSDPFloat8AllGather = true }},
+		{"float8.enable_fsdp_float8_all_gather", func(j *Job) {
+			j.Model.Converters = []string{"float8"}
+			j.Float8.RecipeName = "rowwise"
+			j.Float8.EnableFSDPFloat8AllGather = true
+		}},
 		{"float8.precompute_float8_dynamic_scale_for_fsdp", func(j *Job) { j.Float8.PrecomputeFloat8DynamicScaleForFSDP = true }},
+		{"float8.enable_fsdp_float8_all_gather", func(j *Job) { j.Float8.EnableFSDPFloat8AllGather = true }},
 		{"training.threads", func(j *Job) { j.Training.Threads = -1 }},
 		{"parallelism.data_parallel_replicate_degree", func(j *Job) { j.Parallelism.DataParallelReplicateDegree = -1 }},
 		{"parallelism.data_parallel_shard_degree", func(j *Job) { j.Parallelism.DataParallelShardDegree = 0 }},
@@ -831,7 +836,6 @@ func TestUnsupportedValuesAreRefused(t *testing.T) {
 		accepted string
 	}{
 		{"model.converters", func(j *Job) { j.Model.Converters = []string{"mx"} }, `["float8"]`},
-		{"float8.enable_fsdp_float8_all_gather", func(j *Job) { j.Float8.EnableFSDPFloat8AllGather = true }, "false"},
 		{"model.converters", func(j *Job) { j.Model.Converters = []string{"float8", "float8"} }, `["float8"]`},
 		{"checkpoint.export_dtype", func(j *Job) { j.Checkpoint.ExportDtype = "float16" }, `"float32" and "bfloat16"`},
 		{"parallelism.context_parallel_rotate_method", func(j *Job) { j.Parallelism.ContextParallelRotateMethod = "allgather" }, `"alltoall"`},

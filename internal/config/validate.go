@@ -199,10 +199,9 @@ func (j *Job) Validate() error {
 			v.fail("float8.enable_fsdp_float8_all_gather", true, "needs float8.recipe_name \"tensorwise\" (got %q): rowwise scales are per row of the whole weight", f8.RecipeName)
 		}
 	}
-	// The float8 all-gather would have to hand the model the gathered
-	// weights' scales with their e4m3 bytes; titan's all-gathers move the
-	// parameter dtype (bfloat16 under mixed precision).
-	v.off("float8.enable_fsdp_float8_all_gather", f8.EnableFSDPFloat8AllGather && f8.RecipeName == "tensorwise")
+	if f8.EnableFSDPFloat8AllGather && !slices.Contains(m.Converters, "float8") {
+		v.fail("float8.enable_fsdp_float8_all_gather", true, `needs model.converters = ["float8"] (no linear layer computes in float8)`)
+	}
 	if f8.PrecomputeFloat8DynamicScaleForFSDP && !f8.EnableFSDPFloat8AllGather {
 		v.fail("float8.precompute_float8_dynamic_scale_for_fsdp", true, "needs float8.enable_fsdp_float8_all_gather = true")
 	}

@@ -70,6 +70,11 @@ type Config struct {
 	// FilterFQNs are substrings of the fully qualified names of linear
 	// layers left in high precision ("output": the output projection).
 	FilterFQNs []string
+	// FSDPAllGather all-gathers the float8 layers' weights as e4m3 under
+	// FSDP (enable_fsdp_float8_all_gather, tensorwise only), and
+	// PrecomputeScales computes their scales in one all-reduce per step
+	// (precompute_float8_dynamic_scale_for_fsdp); see internal/parallel/fsdp.
+	FSDPAllGather, PrecomputeScales bool
 }
 
 // Converts reports whether the linear layer fqn (as "layers.0.attention.wq"
@@ -163,8 +168,8 @@ func Scale(amax float32, f Format, pow2 bool) float32 {
 // Amax is the largest |x|
 // (NaN if x has a NaN, as torch's amax), compared on the bits.
 func Amax(x []float32) float32 {
-	var m uint32
-	for _, v := range x {
+	m, done := amaxVec(x)
+	for _, v := range x[done:] {
 		m = max(m, math.Float32bits(v)&^0x80000000)
 	}
 	return math.Float32frombits(m)
@@ -182,8 +187,14 @@ func Cast(dst, src []float32, scale float32, f Format) {
 // scales[i] when scales is set: Round's arithmetic in one loop, without
 // a call per element.
 func castScaled(dst, src []float32, scale float32, scales []float32, f Format) {
-	p := params[f]
 	dst = dst[:len(src)]
+	if done := castVec(dst, src, scale, scales, f); done > 0 {
+		dst, src = dst[done:], src[done:]
+		if scales != nil {
+			scales = scales[done:]
+		}
+	}
+	p := params[f]
 	for i, v := range src {
 		s := scale
 		if scales != nil {
@@ -245,8 +256,10 @@ func CastRows(dst, src []float32, rows, cols int, f Format, pow2 bool, scales []
 func CastCols(dst, src []float32, rows, cols int, f Format, pow2 bool, scales []float32) {
 	amax := make([]uint32, cols)
 	for i := 0; i < rows; i++ {
-		for j, v := range src[i*cols : (i+1)*cols] {
-			amax[j] = max(amax[j], math.Float32bits(v)&^0x80000000)
+		row := src[i*cols : (i+1)*cols]
+		done := amaxColsVec(amax, row)
+		for j, v := range row[done:] {
+			amax[done+j] = max(amax[done+j], math.Float32bits(v)&^0x80000000)
 		}
 	}
 	for j := range amax {
@@ -281,13 +294,46 @@ func Unscale(dst []float32, ldc int, c []float32, rows, cols int, rowScale, colS
 			ri := inv(rowScale, i)
 			out := dst[i*ldc : i*ldc+cols]
 			src := c[i*cols : (i+1)*cols]
-			for j, v := range src {
-				y := v * (ri * ci[j])
+			done := unscaleVec(out, src, ci, ri, beta)
+			for j, v := range src[done:] {
+				j += done
+				// Each product rounded on its own (explicit conversions:
+				// no fused multiply-add), as the vector loop computes.
+				y := float32(v * float32(ri*ci[j]))
 				if beta != 0 {
-					y += beta * out[j]
+					y += float32(beta * out[j])
 				}
 				out[j] = y
 			}
 		}
 	})
+}
+
+// CastE4M3 writes into dst[i] the e4m3fn bit pattern of src[i]·scale,
+// rounded to nearest even and saturating (numeric.Float32ToE4M3Sat): the
+// bytes of the float8 tensor whose values Cast(…, E4M3) gives as float32.
+func CastE4M3(dst []byte, src []float32, scale float32) {
+	dst = dst[:len(src)]
+	done := castE4M3Vec(dst, src, scale)
+	for i, v := range src[done:] {
+		dst[done+i] = numeric.Float32ToE4M3Sat(v * scale)
+	}
+}
+
+// e4m3Values are the float32 values of the e4m3fn bit patterns.
+var e4m3Values = func() (t [256]float32) {
+	for i := range t {
+		t[i] = numeric.E4M3ToFloat32(uint8(i))
+	}
+	return t
+}()
+
+// WidenE4M3 writes into dst[i] the value of the e4m3fn bit pattern
+// src[i], exactly.
+func WidenE4M3(dst []float32, src []byte) {
+	dst = dst[:len(src)]
+	done := widenE4M3Vec(dst, src)
+	for i, b := range src[done:] {
+		dst[done+i] = e4m3Values[b]
+	}
 }

@@ -152,3 +152,32 @@ func TestCastIsRound(t *testing.T) {
 		}
 	}
 }
+
+// TestCastE4M3Bytes: the e4m3 bytes CastE4M3 writes widen (WidenE4M3)
+// to the values Cast gives, bit for bit (NaN to a NaN), on every class of
+// castInputs and several scales; WidenE4M3 is numeric's widening on all
+// 256 patterns.
+func TestCastE4M3Bytes(t *testing.T) {
+	in := castInputs()
+	codes, wide, want := make([]byte, len(in)), make([]float32, len(in)), make([]float32, len(in))
+	for _, s := range []float32{1, 0.75, 3, 0x1p-100} {
+		CastE4M3(codes, in, s)
+		WidenE4M3(wide, codes)
+		Cast(want, in, s, E4M3)
+		for i := range in {
+			if math.Float32bits(wide[i]) != math.Float32bits(want[i]) && !(wide[i] != wide[i] && want[i] != want[i]) {
+				t.Fatalf("scale %v: %#08x cast to byte %#02x = %v, Cast gives %v", s, math.Float32bits(in[i]), codes[i], wide[i], want[i])
+			}
+		}
+	}
+	all := make([]byte, 256)
+	for i := range all {
+		all[i] = byte(i)
+	}
+	WidenE4M3(wide[:256], all)
+	for i, v := range wide[:256] {
+		if w := numeric.E4M3ToFloat32(byte(i)); math.Float32bits(v) != math.Float32bits(w) {
+			t.Fatalf("WidenE4M3(%#02x) = %v, numeric %v", i, v, w)
+		}
+	}
+}

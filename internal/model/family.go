@@ -116,6 +116,18 @@ type Part interface {
 	ActivationBytes() int64
 }
 
+// Float8Part is a Part whose tensorwise float8 linear weights FSDP can
+// all-gather as float8 (float8.enable_fsdp_float8_all_gather).
+type Float8Part interface {
+	// Float8Weights are unit u's float8 weights, ranges of the part's
+	// flat buffer in order.
+	Float8Weights(u int) []Range
+	// BindFloat8Scales says that unit u's bound float8 weights hold their
+	// e4m3 values cast with scales (in Float8Weights order): the part
+	// multiplies them as they are until the unit is bound again.
+	BindFloat8Scales(u int, scales []float32)
+}
+
 // Family is a model of one family and shape, with its training settings
 // (such as activation checkpointing), as the engines see it.
 type Family interface {

@@ -55,6 +55,8 @@ type Engine interface {
 	Shards(local []float32, prefix string) []checkpoint.Shard
 	// Memory reports this rank's memory.
 	Memory() Memory
+	// Gathers counts the FSDP parameter all-gathers of this rank so far.
+	Gathers() fsdp.GatherStats
 	// PipelineStep measures the last step's pipeline bubble over every
 	// rank (nil without pipeline parallelism). Every rank must call it.
 	PipelineStep() (*PipelineStep, error)
@@ -288,6 +290,7 @@ func New(be backend.Backend, fam model.Family, g *Groups, o Options) (Engine, er
 			p.BindUnit(u-st.unit0, params, grads)
 		}
 	}
+	f8, bindScales := e.float8Units(owner)
 	last := len(pp.Stages) - 1
 	e.rt, err = fsdp.New(be, units, bind, fsdp.Config{
 		Shard: g.Shard, Replicate: g.Replicate,
@@ -295,6 +298,9 @@ func New(be backend.Backend, fam model.Family, g *Groups, o Options) (Engine, er
 		Segments: segments,
 		KeepLast: e.stages[len(e.stages)-1].index == last,
 		Param:    o.Precision.Param, Reduce: o.Reduce,
+		Float8: f8, BindScales: bindScales,
+		Float8AllGather:  o.Precision.Float8 != nil && o.Precision.Float8.FSDPAllGather,
+		PrecomputeScales: o.Precision.Float8 != nil && o.Precision.Float8.PrecomputeScales,
 	})
 	if err != nil {
 		return nil, err
@@ -308,6 +314,31 @@ func New(be backend.Backend, fam model.Family, g *Groups, o Options) (Engine, er
 		return nil, err
 	}
 	return e, nil
+}
+
+// float8Units are the float8 weights of every unit (nil without any) and
+// the BindScales hook that hands their scales to every part of the unit's
+// stage.
+func (e *engine) float8Units(owner []*stage) ([][]fsdp.Range, func(u int, scales []float32)) {
+	if e.pl.Precision.Float8 == nil {
+		return nil, nil
+	}
+	f8 := make([][]fsdp.Range, len(owner))
+	for u, st := range owner {
+		p, ok := st.parts[0].(model.Float8Part)
+		if !ok {
+			return nil, nil
+		}
+		for _, w := range p.Float8Weights(u - st.unit0) {
+			f8[u] = append(f8[u], fsdp.Range{Lo: st.off + w.Lo, Hi: st.off + w.Hi})
+		}
+	}
+	return f8, func(u int, scales []float32) {
+		st := owner[u]
+		for _, p := range st.parts {
+			p.(model.Float8Part).BindFloat8Scales(u-st.unit0, scales)
+		}
+	}
 }
 
 // evalShape is the validation rows per data rank and sequence length.
@@ -696,6 +727,8 @@ func (e *engine) Memory() Memory {
 	}
 	return Memory{StateBytes: e.rt.StateBytes(), ActivationBytes: act, GatheredUnits: e.rt.GatheredBuffers(), UnitBufferBytes: e.rt.BufferBytes()}
 }
+
+func (e *engine) Gathers() fsdp.GatherStats { return e.rt.GatherStats() }
 
 func (e *engine) PipelineStep() (*PipelineStep, error) {
 	if e.g.Mesh.PP == 1 {

@@ -328,7 +328,8 @@ func Precision(job *config.Job) (model.Precision, backend.DType, error) {
 		if err != nil {
 			return p, 0, err
 		}
-		p.Float8 = &float8.Config{Recipe: r, FilterFQNs: slices.Clone(f.FilterFQNs)}
+		p.Float8 = &float8.Config{Recipe: r, FilterFQNs: slices.Clone(f.FilterFQNs),
+			FSDPAllGather: f.EnableFSDPFloat8AllGather, PrecomputeScales: f.PrecomputeFloat8DynamicScaleForFSDP}
 	}
 	return p, dtype(job.Training.MixedPrecisionReduce), nil
 }
@@ -563,6 +564,10 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 		}
 	}
 	tr.elapsed += time.Since(start).Seconds()
+	if g := tr.eng.Gathers(); g.Gathers > 0 {
+		prec, _, _ := Precision(tr.Job) // validated in New
+		tr.log.Printf("titan: fsdp: %s", gatherLine(g, prec))
+	}
 	if tr.dist.Rank == 0 {
 		if err := tr.log.Close(); err != nil {
 			return err
@@ -703,4 +708,21 @@ func humanCount(n int64) string {
 		return fmt.Sprintf("%.2fM", float64(n)/1e6)
 	}
 	return fmt.Sprintf("%d", n)
+}
+
+// gatherLine describes the FSDP parameter all-gathers of a run.
+func gatherLine(g fsdp.GatherStats, p model.Precision) string {
+	dt := "float32"
+	if p.BF16() {
+		dt = "bfloat16"
+	}
+	f8 := ""
+	if p.Float8 != nil {
+		as := dt
+		if p.Float8.FSDPAllGather {
+			as = "e4m3"
+		}
+		f8 = fmt.Sprintf(" (float8 weights %d B as %s, other parameters %d B, padding %d B; %d float8 amax all-reduces)", g.Float8Weights, as, g.Other, g.Padding, g.ScaleReductions)
+	}
+	return fmt.Sprintf("%d parameter all-gathers moved %d B to this rank%s", g.Gathers, g.Bytes(), f8)
 }

@@ -2,6 +2,7 @@ package llama
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/float8"
@@ -93,7 +94,7 @@ func (m *Model) linear(k linKey, out, inp, w backend.Tensor, N, in, outDim int, 
 		beta = 1
 	}
 	if m.f8[k] {
-		m.f8Forward(out, inp, w, N, in, outDim, beta)
+		m.f8Forward(k, out, inp, w, N, in, outDim, beta)
 		return
 	}
 	m.gemm(false, true, N, outDim, in, inp, in, w, in, beta, out, outDim)
@@ -103,7 +104,7 @@ func (m *Model) linear(k linKey, out, inp, w backend.Tensor, N, in, outDim int, 
 // for layer k.
 func (m *Model) linearInputGrad(k linKey, dinp, dout, w backend.Tensor, N, in, outDim int, beta float32) {
 	if m.f8[k] {
-		m.f8InputGrad(dinp, dout, w, N, in, outDim, beta)
+		m.f8InputGrad(k, dinp, dout, w, N, in, outDim, beta)
 		return
 	}
 	m.gemm(false, false, N, in, outDim, dout, outDim, w, in, beta, dinp, in)
@@ -169,14 +170,19 @@ func cast8(dst, src []float32, rows, cols int, f float8.Format, g granularity, p
 }
 
 // f8Forward: out = x·Wᵀ with x and W in e4m3, by tensor or by row.
-func (m *Model) f8Forward(out, inp, w backend.Tensor, N, in, outDim int, beta float32) {
+func (m *Model) f8Forward(k linKey, out, inp, w backend.Tensor, N, in, outDim int, beta float32) {
 	a, b, c, ta, tb, tc := m.f8Scratch(max(N, outDim) * max(in, outDim))
 	g, pow2 := byTensor, false
 	if m.Precision.Float8.Recipe != float8.Tensorwise {
 		g, pow2 = byRow, true
 	}
 	sx := cast8(a, hostOf(inp), N, in, float8.E4M3, g, pow2)
-	sw := cast8(b, hostOf(w), outDim, in, float8.E4M3, g, pow2)
+	var sw []float32
+	if s, ok := m.f8pre[k]; ok {
+		tb, sw = w, []float32{s}
+	} else {
+		sw = cast8(b, hostOf(w), outDim, in, float8.E4M3, g, pow2)
+	}
 	m.be.GemmBF16(false, true, N, outDim, in, 1, ta, in, tb, in, 0, tc, outDim)
 	float8.Unscale(hostOf(out), outDim, c, N, outDim, sx, sw, beta)
 }
@@ -185,13 +191,17 @@ func (m *Model) f8Forward(out, inp, w backend.Tensor, N, in, outDim int, beta fl
 // e4m3 by tensor; rowwise: dy by row and W by column (its contracted
 // dimension is its rows), both e4m3; rowwise_with_gw_hp: dy by row, W by
 // tensor, both e4m3.
-func (m *Model) f8InputGrad(dinp, dout, w backend.Tensor, N, in, outDim int, beta float32) {
+func (m *Model) f8InputGrad(k linKey, dinp, dout, w backend.Tensor, N, in, outDim int, beta float32) {
 	a, b, c, ta, tb, tc := m.f8Scratch(max(N, outDim) * max(in, outDim))
 	var sg, sw []float32
 	switch m.Precision.Float8.Recipe {
 	case float8.Tensorwise:
 		sg = cast8(a, hostOf(dout), N, outDim, float8.E5M2, byTensor, false)
-		sw = cast8(b, hostOf(w), outDim, in, float8.E4M3, byTensor, false)
+		if s, ok := m.f8pre[k]; ok {
+			tb, sw = w, []float32{s}
+		} else {
+			sw = cast8(b, hostOf(w), outDim, in, float8.E4M3, byTensor, false)
+		}
 	case float8.Rowwise:
 		sg = cast8(a, hostOf(dout), N, outDim, float8.E4M3, byRow, true)
 		sw = cast8(b, hostOf(w), outDim, in, float8.E4M3, byCol, true)
@@ -218,4 +228,84 @@ func (m *Model) f8WeightGrad(dw, dout, inp backend.Tensor, N, in, outDim int) {
 	}
 	m.be.GemmBF16(true, false, outDim, in, N, 1, ta, outDim, tb, in, 0, tc, in)
 	float8.Unscale(hostOf(dw), in, c, outDim, in, sg, sx, 1)
+}
+
+// float8Keys are the float8 layers of unit u, in flat-buffer order.
+func (m *Model) float8Keys(u int) []linKey {
+	var ks []linKey
+	switch unitTensors(m.Layout, m.first[u]) {
+	case 1: // the embedding
+	case 2:
+		if k := (linKey{0, linOutput}); m.f8[k] {
+			ks = append(ks, k)
+		}
+	default:
+		l := u
+		if m.Spec.Embedding {
+			l--
+		}
+		for id := linWq; id <= linW3; id++ {
+			if k := (linKey{l, id}); m.f8[k] {
+				ks = append(ks, k)
+			}
+		}
+	}
+	return ks
+}
+
+// weightOf is layer k's weight in Layout, found by name among unit u's
+// tensors.
+func (m *Model) weightOf(u int, k linKey) ShardParam {
+	want := "." + linNames[k.id] + ".weight"
+	if k.id == linOutput {
+		want = "output.weight"
+	}
+	for i := m.first[u]; i < len(m.Layout); i++ {
+		if p := m.Layout[i]; strings.HasSuffix(p.Name, want) {
+			return p
+		}
+	}
+	panic("llama: no weight " + want + " in unit " + fmt.Sprint(u))
+}
+
+// Float8Weights are unit u's float8 linear weights (tensorwise recipe),
+// ranges of the part's flat buffer in order, that FSDP may all-gather as
+// float8 (model.Float8Part).
+func (m *Model) Float8Weights(u int) []Unit {
+	if m.Precision.Float8 == nil || m.Precision.Float8.Recipe != float8.Tensorwise {
+		return nil
+	}
+	var rs []Unit
+	for _, k := range m.float8Keys(u) {
+		p := m.weightOf(u, k)
+		rs = append(rs, Unit{Lo: p.LocalOffset, Hi: p.LocalOffset + p.LocalSize})
+	}
+	return rs
+}
+
+// BindFloat8Scales says that unit u's bound float8 weights (its
+// Float8Weights, in order) hold their e4m3 values, cast with scales: the
+// layers multiply them as they are, with those scales, until the unit's
+// parameters are bound again.
+func (m *Model) BindFloat8Scales(u int, scales []float32) {
+	ks := m.float8Keys(u)
+	if len(scales) != len(ks) || m.Precision.Float8.Recipe != float8.Tensorwise {
+		panic(fmt.Sprintf("llama: %d float8 scales for unit %d's %d tensorwise float8 weights", len(scales), u, len(ks)))
+	}
+	if m.f8pre == nil {
+		m.f8pre = map[linKey]float32{}
+	}
+	for i, k := range ks {
+		m.f8pre[k] = scales[i]
+	}
+}
+
+// unbindFloat8 forgets unit u's scales: its parameters are bound anew.
+func (m *Model) unbindFloat8(u int) {
+	if len(m.f8pre) == 0 {
+		return
+	}
+	for _, k := range m.float8Keys(u) {
+		delete(m.f8pre, k)
+	}
 }

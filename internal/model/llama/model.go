@@ -97,9 +97,12 @@ type Model struct {
 	douts   []layerDouts
 	pending [][]func()
 	// f8 marks the linear layers that compute in float8 (see linear.go),
-	// f8buf is the float8 emulation's scratch.
+	// f8buf is the float8 emulation's scratch; f8pre holds the scale of
+	// each layer whose bound weight FSDP gathered already cast to e4m3
+	// (BindFloat8Scales).
 	f8    map[linKey]bool
 	f8buf [3]backend.Tensor
+	f8pre map[linKey]float32
 }
 
 // New plans and allocates the part of a model given by plan for batches
@@ -296,6 +299,7 @@ func (m *Model) BindUnit(u int, params, grads backend.Tensor) {
 	}
 	if params.Mem != nil {
 		bindUnit(&m.P, m.Layout, m.first[u], layer, params)
+		m.unbindFloat8(u)
 	}
 	if grads.Mem != nil {
 		bindUnit(&m.G, m.Layout, m.first[u], layer, grads)

@@ -35,6 +35,14 @@
 // before its reduce-scatter and all-reduce (comm accumulates in float32
 // and rounds the result once); the reduced shard is added to the float32
 // gradient shard.
+//
+// # Float8 all-gather
+//
+// With Config.Float8AllGather the float8 linear weights of each unit
+// (Config.Float8) are all-gathered as their e4m3 bytes, cast by each rank
+// from its own shard with the weight's global tensorwise scale, and the
+// model is told the scales (Config.BindScales); see float8.go.
+// GatherStats counts the bytes of every all-gather, float8 weights apart.
 package fsdp
 
 import (
@@ -120,6 +128,20 @@ type Config struct {
 	// Reduce is the dtype of the gradient reductions, backend.Float32 or
 	// backend.BFloat16.
 	Reduce backend.DType
+	// Float8 lists each unit's float8 linear weights (flat-buffer ranges
+	// inside the unit, in order; nil: none), which GatherStats counts
+	// apart and Float8AllGather gathers as float8 (see float8.go).
+	Float8 [][]Range
+	// Float8AllGather all-gathers the Float8 weights as float8 e4m3 with
+	// tensorwise scales (enable_fsdp_float8_all_gather); BindScales then
+	// gives the model each gathered unit's scales, in Float8 order, after
+	// binding its parameters.
+	Float8AllGather bool
+	BindScales      func(u int, scales []float32)
+	// PrecomputeScales computes every float8 weight's scale in one
+	// all-reduce per Invalidate instead of one per weight and gather
+	// (precompute_float8_dynamic_scale_for_fsdp).
+	PrecomputeScales bool
 }
 
 // Range is a range [Lo, Hi) of flat-buffer elements.
@@ -199,6 +221,18 @@ type Runtime struct {
 	pbits         [][]uint16                   // gather in flight: its bfloat16 receive buffer, by unit
 	bits          map[*backend.Memory][]uint16 // bfloat16 twin of each unit buffer
 	gathers       int                          // all-gathers issued (for tests)
+
+	// Float8 all-gather (float8.go).
+	f8          []f8plan // by unit
+	nf8         int      // float8 weights over the units
+	f8all       bool     // Config.Float8AllGather
+	precompute  bool     // Config.PrecomputeScales
+	bindScales  func(u int, scales []float32)
+	scalesValid bool                         // precomputed scales hold the current Params
+	f8recv      int                          // receive buffer length (uint16 elements)
+	bits8       map[*backend.Memory][]uint16 // receive buffer of each unit buffer
+	f8wide      []float32                    // bfloat16 shard widened
+	stats       GatherStats
 }
 
 // reduction is one unit's gradient reduction: a reduce-scatter over the
@@ -254,6 +288,7 @@ func New(be backend.Backend, units []Range, bind Binder, c Config) (*Runtime, er
 		Layout: lay, be: be, bind: bind, shard: shard, replicate: replicate,
 		reshard: c.Reshard, blocking: c.Blocking, maxGrad: c.MaxGradBuffers, keepLast: c.KeepLast,
 		param: c.Param, reduce: c.Reduce, bits: map[*backend.Memory][]uint16{},
+		bits8: map[*backend.Memory][]uint16{},
 	}
 	r.segment = make([]int, len(units))
 	for _, first := range c.Segments {
@@ -266,6 +301,9 @@ func New(be backend.Backend, units []Range, bind Binder, c Config) (*Runtime, er
 	}
 	if r.maxGrad <= 0 {
 		r.maxGrad = 2
+	}
+	if err := r.planFloat8(c); err != nil {
+		return nil, err
 	}
 	n := len(lay.Units)
 	for _, u := range lay.Units {
@@ -342,7 +380,7 @@ func (r *Runtime) ZeroGrad() { r.be.Zero(r.Grads) }
 // rounding of the shards); call it whenever the parameter shards change
 // (optimizer step, load).
 func (r *Runtime) Invalidate() {
-	r.lowpValid = false
+	r.lowpValid, r.scalesValid = false, false
 	for u := range r.pbuf {
 		if r.pwork[u] != nil {
 			r.pwork[u].Wait() // an unused prefetch; its error resurfaces on the next collective
@@ -361,6 +399,9 @@ func (r *Runtime) BufferBytes() int64 {
 	// the bfloat16 twins of the unit buffers.
 	n += int64(len(r.lowp))*2 + int64(r.compute.Len)*4
 	for _, b := range r.bits {
+		n += int64(len(b)) * 2
+	}
+	for _, b := range r.bits8 {
 		n += int64(len(b)) * 2
 	}
 	return n
@@ -427,7 +468,12 @@ func (r *Runtime) gather(u int) error {
 	r.pbuf[u] = full
 	gatheredBytes.Add(int64(full.Len) * 4)
 	r.gathers++
-	if r.param == backend.BFloat16 {
+	r.stats.Gathers++
+	if r.float8Gather(u) {
+		if err := r.gather8(u, full); err != nil {
+			return err
+		}
+	} else if r.countGather(u); r.param == backend.BFloat16 {
 		r.round()
 		bits := r.twin(full)
 		r.pbits[u] = bits
@@ -451,7 +497,11 @@ func (r *Runtime) waitGather(u int) error {
 		return fmt.Errorf("fsdp: all-gather of unit %d: %w", u, err)
 	}
 	if bits := r.pbits[u]; bits != nil {
-		numeric.BF16sToFloat32(host(r.pbuf[u]), bits)
+		if r.float8Gather(u) {
+			r.unpack8(u)
+		} else {
+			numeric.BF16sToFloat32(host(r.pbuf[u]), bits)
+		}
 		r.pbits[u] = nil
 	}
 	return nil
@@ -476,6 +526,9 @@ func (r *Runtime) use(u, next int) error {
 		return err
 	}
 	r.bind(u, r.pbuf[u], backend.Tensor{})
+	if r.float8Gather(u) {
+		r.bindScales(u, r.scalesOf(u))
+	}
 	return nil
 }
 
