@@ -59,3 +59,117 @@ func BenchmarkAttention(b *testing.B) {
 		})
 	}
 }
+
+func BenchmarkCrossEntropy(b *testing.B) {
+	be := New(0)
+	defer be.Close()
+	r := newRand(2)
+	logits := randF32(r, benchN*benchVocab, 4)
+	tg := make([]int32, benchN)
+	for i := range tg {
+		tg[i] = int32(r.IntN(benchVocab))
+	}
+	lt, targets := upload(be, logits), uploadI32(be, tg)
+	stats, losses := be.Alloc(backend.Float32, 3*benchN), be.Alloc(backend.Float32, benchN)
+	b.Run("forward", func(b *testing.B) {
+		for b.Loop() {
+			be.CrossEntropyReset(stats, benchN)
+			be.CrossEntropyChunk(stats, lt, targets, benchN, benchVocab, 0)
+			be.CrossEntropyLoss(losses, stats, targets, benchN)
+		}
+	})
+	b.Run("forward+backward", func(b *testing.B) {
+		for b.Loop() {
+			be.CrossEntropyReset(stats, benchN)
+			be.CrossEntropyChunk(stats, lt, targets, benchN, benchVocab, 0)
+			be.CrossEntropyLoss(losses, stats, targets, benchN)
+			be.CrossEntropyChunkBackward(lt, stats, targets, benchN, benchVocab, 0, 1.0/benchN)
+			b.StopTimer()
+			be.Upload(lt, logits)
+			b.StartTimer()
+		}
+	})
+}
+
+func BenchmarkRMSNorm(b *testing.B) {
+	be := New(0)
+	defer be.Close()
+	r := newRand(3)
+	n := benchN * benchDim
+	x, w, d := upload(be, randF32(r, n, 1)), upload(be, randF32(r, benchDim, 1)), upload(be, randF32(r, n, 1))
+	out, rstd := be.Alloc(backend.Float32, n), be.Alloc(backend.Float32, benchN)
+	dx, dw := be.Alloc(backend.Float32, n), be.Alloc(backend.Float32, benchDim)
+	for b.Loop() {
+		be.RMSNormForward(out, rstd, x, w, benchN, benchDim, 1e-5)
+		be.RMSNormBackward(dx, dw, d, x, w, rstd, benchN, benchDim)
+	}
+}
+
+func BenchmarkSwiGLU(b *testing.B) {
+	be := New(0)
+	defer be.Close()
+	r := newRand(4)
+	n := benchN * benchFFN
+	g, u, d := upload(be, randF32(r, n, 3)), upload(be, randF32(r, n, 1)), upload(be, randF32(r, n, 1))
+	out, dg, du := be.Alloc(backend.Float32, n), be.Alloc(backend.Float32, n), be.Alloc(backend.Float32, n)
+	for b.Loop() {
+		be.SwiGLUForward(out, g, u, n)
+		be.SwiGLUBackward(dg, du, d, g, u, n)
+	}
+}
+
+func BenchmarkRoPE(b *testing.B) {
+	be := New(0)
+	defer be.Close()
+	r := newRand(5)
+	n := benchN * benchDim
+	x, d := upload(be, randF32(r, n, 1)), upload(be, randF32(r, n, 1))
+	cs, sn := upload(be, randF32(r, benchT*benchHD/2, 1)), upload(be, randF32(r, benchT*benchHD/2, 1))
+	dx := be.Alloc(backend.Float32, n)
+	for b.Loop() {
+		be.RoPEForward(x, x, cs, sn, benchB, benchT, benchNH, benchHD)
+		be.RoPEBackward(dx, d, cs, sn, benchB, benchT, benchNH, benchHD)
+	}
+}
+
+func BenchmarkEmbedding(b *testing.B) {
+	be := New(0)
+	defer be.Close()
+	r := newRand(6)
+	tg := make([]int32, benchN)
+	for i := range tg {
+		tg[i] = int32(r.IntN(benchVocab))
+	}
+	tok := uploadI32(be, tg)
+	table := upload(be, randF32(r, benchVocab*benchDim, 1))
+	out, dtab := be.Alloc(backend.Float32, benchN*benchDim), be.Alloc(backend.Float32, benchVocab*benchDim)
+	for b.Loop() {
+		be.EmbeddingForward(out, table, tok, benchN, benchDim)
+		be.EmbeddingBackward(dtab, out, tok, benchN, benchDim)
+	}
+}
+
+func BenchmarkAdamW(b *testing.B) {
+	be := New(0)
+	defer be.Close()
+	r := newRand(7)
+	n := benchAdamWElements
+	p, g := upload(be, randF32(r, n, 1)), upload(be, randF32(r, n, 1))
+	m, v := be.Alloc(backend.Float32, n), be.Alloc(backend.Float32, n)
+	step := 0
+	for b.Loop() {
+		step++
+		be.AdamW(p, g, m, v, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, step)
+	}
+	b.SetBytes(int64(n) * 4 * 4)
+}
+
+func BenchmarkSumSquares(b *testing.B) {
+	be := New(0)
+	defer be.Close()
+	x := upload(be, randF32(newRand(8), benchAdamWElements, 1))
+	for b.Loop() {
+		be.SumSquares(x)
+	}
+	b.SetBytes(int64(x.Len) * 4)
+}
