@@ -60,6 +60,44 @@ func (g *attnGeom) mm(transA, transB bool, m, n, k int, alpha float32,
 		gemm.F32(window(a, aOff, sa)), lda, gemm.F32(window(b, bOff, sb)), ldb, beta, window(c, cOff, sc), ldc)
 }
 
+// rowsNT computes the scores-like product c = alpha·X Yᵀ of the tile's
+// query rows r0..rows-1 (x, rows of head h of batch bi from query i0)
+// with its cols keys (y from offset yOff) into c (leading dimension
+// tile, row 0 for query row r0), rows below cut.mid over cut.c1 keys
+// only.
+func (g *attnGeom) rowsNT(cut attnCut, r0, rows, cols, k int, alpha float32, x []float32, bi, i0, h int, y []float32, yOff int, c []float32) {
+	T := g.tile
+	g.mm(false, true, cut.mid-r0, cut.c1, k, alpha, x, g.qOff(bi, i0+r0, h), g.qRow, y, yOff, g.kRow, 0, c, 0, T)
+	if cut.mid < rows {
+		g.mm(false, true, rows-cut.mid, cols, k, alpha, x, g.qOff(bi, i0+cut.mid, h), g.qRow, y, yOff, g.kRow, 0, c, (cut.mid-r0)*T, T)
+	}
+}
+
+// rowsNN accumulates out = alpha·S Y + beta·out for the tile's query
+// rows r0..rows-1: s holds them from its row 0 (leading dimension tile)
+// over cols keys, y the keys from offset yOff, out the rows of head h of
+// batch bi from query i0. Rows below cut.mid sum over cut.c1 keys only.
+func (g *attnGeom) rowsNN(cut attnCut, r0, rows, cols int, alpha float32, s, y []float32, yOff int, beta float32, out []float32, bi, i0, h int) {
+	T, HD := g.tile, g.HD
+	g.mm(false, false, cut.mid-r0, HD, cut.c1, alpha, s, 0, T, y, yOff, g.kRow, beta, out, g.qOff(bi, i0+r0, h), g.qRow)
+	if cut.mid < rows {
+		g.mm(false, false, rows-cut.mid, HD, cols, alpha, s, (cut.mid-r0)*T, T, y, yOff, g.kRow, beta, out, g.qOff(bi, i0+cut.mid, h), g.qRow)
+	}
+}
+
+// keysTN accumulates dst += alpha·Sᵀ X for the cols keys of the tile
+// starting at key j0 of key/value head kvh of batch kb: s holds query
+// rows r0..rows-1 from its row 0 (leading dimension tile), x those rows
+// of head h of batch bi from query i0. Keys from cut.c1 on sum over the
+// rows from cut.rs only.
+func (g *attnGeom) keysTN(cut attnCut, r0, rows, cols int, alpha float32, s, x []float32, bi, i0, h int, dst []float32, kb, j0, kvh int) {
+	T, HD := g.tile, g.HD
+	g.mm(true, false, cut.c1, HD, rows-r0, alpha, s, 0, T, x, g.qOff(bi, i0+r0, h), g.qRow, 1, dst, g.kOff(kb, j0, kvh), g.kRow)
+	if cut.c1 < cols && cut.rs < rows {
+		g.mm(true, false, cols-cut.c1, HD, rows-cut.rs, alpha, s, (cut.rs-r0)*T+cut.c1, T, x, g.qOff(bi, i0+cut.rs, h), g.qRow, 1, dst, g.kOff(kb, j0+cut.c1, kvh), g.kRow)
+	}
+}
+
 // visible is the number of keys query i attends to.
 func (g *attnGeom) visible(i int) int {
 	return min(max(g.QPos+i-g.KPos+1, 0), g.Tk)
@@ -69,6 +107,35 @@ func (g *attnGeom) visible(i int) int {
 // none does).
 func (g *attnGeom) firstQuery(j int) int {
 	return max(j+g.KPos-g.QPos, 0)
+}
+
+// A cut of a pair of tiles that crosses the diagonal: rows r0..mid-1 of
+// the query tile see at most the first c1 of its cols keys, and keys
+// c1..cols-1 are seen only from row rs on. The products then skip the
+// masked corner: for each product, either the rows below mid multiply
+// only c1 columns (S = Q Kᵀ, dP = dO Vᵀ; P V and dS K with a shorter
+// inner dimension) or the keys past c1 only rows from rs (Pᵀ dO, dSᵀ Q
+// with a later start of the inner dimension). The terms left out are
+// products with masked, zero probabilities; rs keeps the inner dimension
+// of those products at an even offset from r0, so that the bfloat16
+// kernel multiplies the same pairs of rows. Without a useful cut, mid is
+// rows, c1 cols and rs r0.
+type attnCut struct{ mid, c1, rs int }
+
+// cut returns the cut of query rows r0..rows-1 of the tile starting at
+// query i0 with the cols keys starting at key j0.
+func (g *attnGeom) cut(i0, j0, r0, rows, cols int) attnCut {
+	none := attnCut{rows, cols, r0}
+	mid := r0 + (rows-r0+1)/2
+	if mid >= rows {
+		return none
+	}
+	c1 := min(cols, g.visible(i0+mid-1)-j0)
+	if c1 >= cols {
+		return none
+	}
+	rs := r0 + (max(0, g.firstQuery(j0+c1)-i0-r0))/2*2
+	return attnCut{mid, c1, min(rs, rows)}
 }
 
 // qOff is the offset of q[b, i, h, 0] (also of out, dq and dout).
@@ -137,12 +204,9 @@ func (g *attnGeom) forwardTile(buf, o, ls, qs, ks, vs []float32, bi, h, qt int) 
 	for j0 := 0; j0 < last; j0 += T {
 		cols := min(T, last-j0)
 		r0 := max(0, g.firstQuery(j0)-i0) // rows r0.. see key j0
-		nr := rows - r0
+		cut := g.cut(i0, j0, r0, rows, cols)
 		// S = scale * Q K^T for rows r0.. and the visible columns.
-		g.mm(false, true, nr, cols, HD, g.scale,
-			qs, g.qOff(bi, i0+r0, h), g.qRow,
-			ks, g.kOff(bi, j0, kvh), g.kRow,
-			0, s, 0, T)
+		g.rowsNT(cut, r0, rows, cols, HD, g.scale, qs, bi, i0, h, ks, g.kOff(bi, j0, kvh), s)
 		for r := r0; r < rows; r++ {
 			c := min(cols, g.visible(i0+r)-j0)
 			row := s[(r-r0)*T : (r-r0)*T+cols]
@@ -169,10 +233,7 @@ func (g *attnGeom) forwardTile(buf, o, ls, qs, ks, vs []float32, bi, h, qt int) 
 			}
 		}
 		// O = O*alpha + P V.
-		g.mm(false, false, nr, HD, cols, 1,
-			s, 0, T,
-			vs, g.kOff(bi, j0, kvh), g.kRow,
-			beta, o, g.qOff(bi, i0+r0, h), g.qRow)
+		g.rowsNN(cut, r0, rows, cols, 1, s, vs, g.kOff(bi, j0, kvh), beta, o, bi, i0, h)
 	}
 	for r := first; r < rows; r++ {
 		off := g.qOff(bi, i0+r, h)
@@ -259,7 +320,7 @@ type attnBackwardArgs struct {
 // kvh of batch bi, over every query head of its group and every query
 // tile that sees it; withDQ also accumulates dq for those query tiles.
 func (g *attnGeom) backwardKV(buf []float32, a *attnBackwardArgs, bi, kvh, kt int, withDQ bool) {
-	T, HD := g.tile, g.HD
+	T := g.tile
 	j0 := kt * T
 	kOff := g.kOff(bi, j0, kvh)
 	for h := kvh * g.group; h < (kvh+1)*g.group; h++ {
@@ -269,18 +330,15 @@ func (g *attnGeom) backwardKV(buf []float32, a *attnBackwardArgs, bi, kvh, kt in
 			if nr == 0 {
 				continue
 			}
-			qOff := g.qOff(bi, i0+r0, h)
+			cut := g.cut(i0, j0, r0, r0+nr, cols)
 			sP, sDS := buf[:T*T], buf[T*T:2*T*T]
 			// dV += P^T dO
-			g.mm(true, false, cols, HD, nr, 1,
-				sP, 0, T, a.dout, qOff, g.qRow, 1, a.dv, kOff, g.kRow)
+			g.keysTN(cut, r0, r0+nr, cols, 1, sP, a.dout, bi, i0, h, a.dv, bi, j0, kvh)
 			// dK += scale dS^T Q
-			g.mm(true, false, cols, HD, nr, g.scale,
-				sDS, 0, T, a.q, qOff, g.qRow, 1, a.dk, kOff, g.kRow)
+			g.keysTN(cut, r0, r0+nr, cols, g.scale, sDS, a.q, bi, i0, h, a.dk, bi, j0, kvh)
 			if withDQ {
 				// dQ += scale dS K
-				g.mm(false, false, nr, HD, cols, g.scale,
-					sDS, 0, T, a.k, kOff, g.kRow, 1, a.dq, qOff, g.qRow)
+				g.rowsNN(cut, r0, r0+nr, cols, g.scale, sDS, a.k, kOff, 1, a.dq, bi, i0, h)
 			}
 		}
 	}
@@ -288,7 +346,7 @@ func (g *attnGeom) backwardKV(buf []float32, a *attnBackwardArgs, bi, kvh, kt in
 
 // backwardQ accumulates into dq query tile qt of head h of batch bi.
 func (g *attnGeom) backwardQ(buf []float32, a *attnBackwardArgs, bi, h, qt int) {
-	T, HD := g.tile, g.HD
+	T := g.tile
 	i0 := qt * T
 	rows := min(T, g.Tq-i0)
 	last := g.visible(i0 + rows - 1)
@@ -298,8 +356,8 @@ func (g *attnGeom) backwardQ(buf []float32, a *attnBackwardArgs, bi, h, qt int) 
 		if nr == 0 {
 			continue
 		}
-		g.mm(false, false, nr, HD, cols, g.scale,
-			buf[T*T:2*T*T], 0, T, a.k, g.kOff(bi, j0, kvh), g.kRow, 1, a.dq, g.qOff(bi, i0+r0, h), g.qRow)
+		cut := g.cut(i0, j0, r0, r0+nr, cols)
+		g.rowsNN(cut, r0, r0+nr, cols, g.scale, buf[T*T:2*T*T], a.k, g.kOff(bi, j0, kvh), 1, a.dq, bi, i0, h)
 	}
 }
 
@@ -321,10 +379,11 @@ func (g *attnGeom) backwardTile(buf []float32, a *attnBackwardArgs, bi, h, i0, j
 	r0 = max(0, g.firstQuery(j0)-i0)
 	nr = rows - r0
 	sP, sDS := buf[:T*T], buf[T*T:2*T*T]
-	qOff, kOff := g.qOff(bi, i0+r0, h), g.kOff(bi, j0, kvh)
+	kOff := g.kOff(bi, j0, kvh)
+	cut := g.cut(i0, j0, r0, rows, cols)
 	// S = scale Q K^T and dP = dO V^T.
-	g.mm(false, true, nr, cols, HD, g.scale, a.q, qOff, g.qRow, a.k, kOff, g.kRow, 0, sP, 0, T)
-	g.mm(false, true, nr, cols, HD, 1, a.dout, qOff, g.qRow, a.v, kOff, g.kRow, 0, sDS, 0, T)
+	g.rowsNT(cut, r0, rows, cols, HD, g.scale, a.q, bi, i0, h, a.k, kOff, sP)
+	g.rowsNT(cut, r0, rows, cols, HD, 1, a.dout, bi, i0, h, a.v, kOff, sDS)
 	for r := r0; r < rows; r++ {
 		c := min(cols, g.visible(i0+r)-j0)
 		lse := a.lse[g.lseOff(bi, h, i0+r)]

@@ -25,6 +25,8 @@ func reportGFLOPs(b *testing.B, flops float64) {
 	b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 }
 
+// BenchmarkAttention times the attention forward and forward+backward
+// in float32 and (bf16/...) with BF16 products.
 func BenchmarkAttention(b *testing.B) {
 	be := New(0)
 	defer be.Close()
@@ -35,19 +37,27 @@ func BenchmarkAttention(b *testing.B) {
 	dout := upload(be, randF32(r, n, 1))
 	out, lse := be.Alloc(backend.Float32, n), be.Alloc(backend.Float32, benchB*benchNH*benchT)
 	dq, dk, dv := be.Alloc(backend.Float32, n), be.Alloc(backend.Float32, n), be.Alloc(backend.Float32, n)
-	b.Run("forward", func(b *testing.B) {
-		for b.Loop() {
-			be.AttentionForward(out, lse, q, k, v, d)
+	for _, bf16 := range []bool{false, true} {
+		d := d
+		d.BF16 = bf16
+		prefix := ""
+		if bf16 {
+			prefix = "bf16/"
 		}
-		reportGFLOPs(b, benchAttnFwdFlops)
-	})
-	b.Run("forward+backward", func(b *testing.B) {
-		for b.Loop() {
-			be.AttentionForward(out, lse, q, k, v, d)
-			be.AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse, d)
-		}
-		reportGFLOPs(b, benchAttnTotalFlops)
-	})
+		b.Run(prefix+"forward", func(b *testing.B) {
+			for b.Loop() {
+				be.AttentionForward(out, lse, q, k, v, d)
+			}
+			reportGFLOPs(b, benchAttnFwdFlops)
+		})
+		b.Run(prefix+"forward+backward", func(b *testing.B) {
+			for b.Loop() {
+				be.AttentionForward(out, lse, q, k, v, d)
+				be.AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse, d)
+			}
+			reportGFLOPs(b, benchAttnTotalFlops)
+		})
+	}
 }
 
 func BenchmarkCrossEntropy(b *testing.B) {

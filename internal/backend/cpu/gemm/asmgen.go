@@ -639,6 +639,12 @@ func genCopyPackBF16(name string, bf16Src bool) {
 	p("SHLQ $2, R14") // destination bytes of one pair row
 	p("TESTQ R10, R10")
 	p("JZ cbdone")
+	if !bf16Src {
+		// Panels of at most 16 lanes (the A operand's 14 rows) take the
+		// narrow loop: one vector of words per pair of rows.
+		p("CMPQ BX, $16")
+		p("JLE cbnarrow")
+	}
 	// load emits the loads of one panel row into word vector z (32
 	// bfloat16 values) from (R13)+off with the float32 masks lo/hi or the
 	// element mask words.
@@ -711,6 +717,9 @@ func genCopyPackBF16(name string, bf16Src bool) {
 		p("JNZ cbrow")
 		p("JMP cbdone")
 	}
+	if !bf16Src {
+		genCopyPackBF16Narrow()
+	}
 	label("cbdone")
 	p("VZEROUPPER")
 	p("RET")
@@ -736,6 +745,78 @@ func genCopyPackBF16(name string, bf16Src bool) {
 		}
 	}
 	out.WriteString("GLOBL bf16ilv<>(SB), RODATA|NOPTR, $128\n\n")
+	// The narrow loop's VPERMW indices: word 2j is word j (the first
+	// row's bfloat16 j) and word 2j+1 word 16+j (the second row's).
+	for w := 0; w < 32; w += 4 {
+		var q uint64
+		for i := 0; i < 4; i++ {
+			idx := uint64((w + i) / 2)
+			if (w+i)%2 == 1 {
+				idx += 16
+			}
+			q |= idx << (16 * i)
+		}
+		fmt.Fprintf(&out, "DATA bf16ilvn<>+%d(SB)/8, $0x%016x\n", 2*w, q)
+	}
+	out.WriteString("GLOBL bf16ilvn<>(SB), RODATA|NOPTR, $64\n\n")
+}
+
+// genCopyPackBF16Narrow emits copyPackBF16F32's loop for lanes <= 16 (the
+// registers as genCopyPackBF16 leaves them): the float32 values of
+// two rows convert into one vector with VCVTNE2PS2BF16, the first row's
+// words below the second's, and one VPERMW (indices bf16ilvn, in Z22)
+// interleaves them into the lanes words of the pair row: half the work
+// of the two-vector loop, whose upper halves would be empty.
+func genCopyPackBF16Narrow() {
+	label("cbnarrow")
+	p("VMOVDQU64 bf16ilvn<>+0(SB), Z22")
+	panel := func(mask string, last bool) {
+		p("VMOVUPS.Z (R13), %s, Z16", mask)
+		if last {
+			p("VPXORD Z17, Z17, Z17")
+		} else {
+			p("VMOVUPS.Z (R13)(R9*1), %s, Z17", mask)
+		}
+		vcvtne2ps2bf16(8, 17, 16)
+		p("VPERMW Z8, Z22, Z10")
+		p("VMOVUPS Z10, K3, (BX)") // all lanes: zeros past cols
+	}
+	for _, last := range []bool{false, true} {
+		suffix := ""
+		if last {
+			suffix = "last"
+			label("cbnrowlast")
+		} else {
+			label("cbnrow")
+			p("CMPQ R10, $1")
+			p("JEQ cbnrowlast")
+		}
+		p("MOVQ SI, R13")
+		p("MOVQ DI, BX")
+		p("MOVQ R8, CX")
+		p("TESTQ CX, CX")
+		p("JZ cbnpartial%s", suffix)
+		label("cbnpanel" + suffix)
+		panel("K3", last)
+		p("ADDQ DX, R13")
+		p("ADDQ R12, BX")
+		p("DECQ CX")
+		p("JNZ cbnpanel%s", suffix)
+		label("cbnpartial" + suffix)
+		p("TESTQ AX, AX")
+		p("JZ cbnnext%s", suffix)
+		panel("K1", last)
+		label("cbnnext" + suffix)
+		if last {
+			p("JMP cbdone")
+			continue
+		}
+		p("LEAQ (SI)(R9*2), SI")
+		p("ADDQ R14, DI")
+		p("SUBQ $2, R10")
+		p("JNZ cbnrow")
+		p("JMP cbdone")
+	}
 }
 
 // genCvtBF16 emits cvtBF16, which converts n float32 values (n a multiple

@@ -1,7 +1,6 @@
 package gemm
 
 import (
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -45,6 +44,11 @@ type plan struct {
 	// Work counters, cumulative over the N blocks, each on its own cache
 	// line: chunks of B claimed and packed, items claimed and done.
 	packNext, packDone, itemNext, itemDone paddedCounter
+
+	// A worker that has spun for a while on a counter sleeps on wake
+	// (guarded by mu) until the worker completing the count wakes it.
+	mu   sync.Mutex
+	wake *sync.Cond
 }
 
 type paddedCounter struct {
@@ -55,6 +59,7 @@ type paddedCounter struct {
 var planPool = sync.Pool{New: func() any {
 	pl := new(plan)
 	pl.workFn = pl.work // bound once so that Run does not allocate
+	pl.wake = sync.NewCond(&pl.mu)
 	return pl
 }}
 
@@ -215,10 +220,10 @@ func (pl *plan) work(w int) {
 				off := kern.words(pc) * mb * mr
 				pl.packA(pl.apk.f[off+ib0*mr*kw:off+ib1*mr*kw], ib0*mr, min(ib1*mr, pl.m)-ib0*mr, pc, kcur)
 			}
-			pl.packDone.Add(1)
+			pl.done(&pl.packDone, packEnd)
 		}
 		aChunksPerStep = 0 // A is packed once
-		waitFor(&pl.packDone, packEnd)
+		pl.waitFor(&pl.packDone, packEnd)
 
 		itemBase := itemEnd
 		itemEnd += int64(pl.rowBlocks * pl.colGroups)
@@ -229,11 +234,11 @@ func (pl *plan) work(w int) {
 			}
 			rb, cg := int(idx-itemBase)/pl.colGroups, int(idx-itemBase)%pl.colGroups
 			pl.item(abuf, rb, cg, jc, ncur)
-			pl.itemDone.Add(1)
+			pl.done(&pl.itemDone, itemEnd)
 		}
 		if jc+pl.nc < n {
 			// The next block repacks bb: wait until nobody reads it.
-			waitFor(&pl.itemDone, itemEnd)
+			pl.waitFor(&pl.itemDone, itemEnd)
 		}
 	}
 }
@@ -293,13 +298,37 @@ func claim(ctr *paddedCounter, end int64) (int64, bool) {
 	}
 }
 
-// waitFor returns once ctr reaches target.
-func waitFor(ctr *paddedCounter, target int64) {
-	for spin := 0; ctr.Load() < target; spin++ {
-		if spin > 100 {
-			runtime.Gosched()
+// waitSpins is how many times waitFor polls a counter before it sleeps
+// on pl.wake (about 10-20 µs, longer than a balanced wait for a packing
+// chunk). On a machine with more runnable threads than cores, the worker
+// being waited for can be descheduled for a whole time slice: a sleeping
+// waiter gives it the core, where runtime.Gosched kept the thread busy in
+// the scheduler (27% of the samples of a bf16 step on a loaded machine).
+// A variable so that tests can make every wait sleep.
+var waitSpins = 1 << 14
+
+// done counts one unit of work on ctr, waking the waiters of pl when the
+// count reaches end.
+func (pl *plan) done(ctr *paddedCounter, end int64) {
+	if ctr.Add(1) == end {
+		pl.mu.Lock()
+		pl.wake.Broadcast()
+		pl.mu.Unlock()
+	}
+}
+
+// waitFor returns once ctr reaches target (counted with done).
+func (pl *plan) waitFor(ctr *paddedCounter, target int64) {
+	for spin := 0; spin < waitSpins; spin++ {
+		if ctr.Load() >= target {
+			return
 		}
 	}
+	pl.mu.Lock()
+	for ctr.Load() < target {
+		pl.wake.Wait()
+	}
+	pl.mu.Unlock()
 }
 
 // packA packs rows [i0, i0+rows) and columns [p0, p0+kc) of op(A) into

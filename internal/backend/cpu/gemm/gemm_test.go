@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -478,5 +479,44 @@ func TestPlanSplit(t *testing.T) {
 				kern.name, tc.m, tc.n, tc.k, tc.threads, pl.nt, pl.kc, pl.nc, pl.rowBlocks, pl.colGroups, tc.want)
 		}
 		pl.release()
+	}
+}
+
+// TestSleepingWaiters: with every wait on a work counter sleeping (no
+// spinning), multiplications split over more workers than cores give
+// the bits of a single-threaded run, for float32 and bf16, across the
+// blockings of TestSgemmBlocking.
+func TestSleepingWaiters(t *testing.T) {
+	defer func(n int) { waitSpins = n }(waitSpins)
+	waitSpins = 0
+	p := workpool.New(5)
+	defer p.Close()
+	rng := rand.New(rand.NewPCG(13, 14))
+	for _, s := range []struct{ m, n, k int }{
+		{300, 200, 150}, {5, 2100, 2100}, {2100, 5, 2050}, {20, 700, 300}, {129, 257, 520},
+	} {
+		for tr := 0; tr < 4; tr++ {
+			pr := newProblem(rng, tr&1 != 0, tr&2 != 0, s.m, s.n, s.k, tr, 1, 0.5)
+			for _, bf16 := range []bool{false, true} {
+				one, many := slices.Clone(pr.c), slices.Clone(pr.c)
+				for _, run := range []struct {
+					pool *workpool.Pool
+					c    []float32
+				}{{nil, one}, {p, many}} {
+					pool, c := run.pool, run.c
+					if bf16 {
+						GemmBF16(pool, pr.transA, pr.transB, s.m, s.n, s.k, 1, F32(pr.a), pr.lda, F32(pr.b), pr.ldb, 0.5, c, pr.ldc)
+					} else {
+						Sgemm(pool, pr.transA, pr.transB, s.m, s.n, s.k, 1, pr.a, pr.lda, pr.b, pr.ldb, 0.5, c, pr.ldc)
+					}
+				}
+				for i := range one {
+					if math.Float32bits(one[i]) != math.Float32bits(many[i]) {
+						t.Fatalf("bf16=%v %dx%dx%d transA=%v transB=%v: element %d is %v on 5 workers, %v on one",
+							bf16, s.m, s.n, s.k, pr.transA, pr.transB, i, many[i], one[i])
+					}
+				}
+			}
+		}
 	}
 }

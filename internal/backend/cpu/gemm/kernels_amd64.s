@@ -3105,6 +3105,8 @@ TEXT ·copyPackBF16F32(SB), NOSPLIT, $0-48
 	SHLQ $2, R14
 	TESTQ R10, R10
 	JZ cbdone
+	CMPQ BX, $16
+	JLE cbnarrow
 cbrow:
 	CMPQ R10, $1
 	JEQ cbrowlast
@@ -3187,6 +3189,66 @@ cbpartiallast:
 	VMOVUPS Z11, K4, 64(BX)
 cbnextlast:
 	JMP cbdone
+cbnarrow:
+	VMOVDQU64 bf16ilvn<>+0(SB), Z22
+cbnrow:
+	CMPQ R10, $1
+	JEQ cbnrowlast
+	MOVQ SI, R13
+	MOVQ DI, BX
+	MOVQ R8, CX
+	TESTQ CX, CX
+	JZ cbnpartial
+cbnpanel:
+	VMOVUPS.Z (R13), K3, Z16
+	VMOVUPS.Z (R13)(R9*1), K3, Z17
+	BYTE $0x62; BYTE $0x32; BYTE $0x77; BYTE $0x40; BYTE $0x72; BYTE $0xc0 // VCVTNE2PS2BF16 Z8, Z17, Z16 (Intel order)
+	VPERMW Z8, Z22, Z10
+	VMOVUPS Z10, K3, (BX)
+	ADDQ DX, R13
+	ADDQ R12, BX
+	DECQ CX
+	JNZ cbnpanel
+cbnpartial:
+	TESTQ AX, AX
+	JZ cbnnext
+	VMOVUPS.Z (R13), K1, Z16
+	VMOVUPS.Z (R13)(R9*1), K1, Z17
+	BYTE $0x62; BYTE $0x32; BYTE $0x77; BYTE $0x40; BYTE $0x72; BYTE $0xc0 // VCVTNE2PS2BF16 Z8, Z17, Z16 (Intel order)
+	VPERMW Z8, Z22, Z10
+	VMOVUPS Z10, K3, (BX)
+cbnnext:
+	LEAQ (SI)(R9*2), SI
+	ADDQ R14, DI
+	SUBQ $2, R10
+	JNZ cbnrow
+	JMP cbdone
+cbnrowlast:
+	MOVQ SI, R13
+	MOVQ DI, BX
+	MOVQ R8, CX
+	TESTQ CX, CX
+	JZ cbnpartiallast
+cbnpanellast:
+	VMOVUPS.Z (R13), K3, Z16
+	VPXORD Z17, Z17, Z17
+	BYTE $0x62; BYTE $0x32; BYTE $0x77; BYTE $0x40; BYTE $0x72; BYTE $0xc0 // VCVTNE2PS2BF16 Z8, Z17, Z16 (Intel order)
+	VPERMW Z8, Z22, Z10
+	VMOVUPS Z10, K3, (BX)
+	ADDQ DX, R13
+	ADDQ R12, BX
+	DECQ CX
+	JNZ cbnpanellast
+cbnpartiallast:
+	TESTQ AX, AX
+	JZ cbnnextlast
+	VMOVUPS.Z (R13), K1, Z16
+	VPXORD Z17, Z17, Z17
+	BYTE $0x62; BYTE $0x32; BYTE $0x77; BYTE $0x40; BYTE $0x72; BYTE $0xc0 // VCVTNE2PS2BF16 Z8, Z17, Z16 (Intel order)
+	VPERMW Z8, Z22, Z10
+	VMOVUPS Z10, K3, (BX)
+cbnnextlast:
+	JMP cbdone
 cbdone:
 	VZEROUPPER
 	RET
@@ -3208,6 +3270,16 @@ DATA bf16ilv<>+104(SB)/8, $0x003b001b003a001a
 DATA bf16ilv<>+112(SB)/8, $0x003d001d003c001c
 DATA bf16ilv<>+120(SB)/8, $0x003f001f003e001e
 GLOBL bf16ilv<>(SB), RODATA|NOPTR, $128
+
+DATA bf16ilvn<>+0(SB)/8, $0x0011000100100000
+DATA bf16ilvn<>+8(SB)/8, $0x0013000300120002
+DATA bf16ilvn<>+16(SB)/8, $0x0015000500140004
+DATA bf16ilvn<>+24(SB)/8, $0x0017000700160006
+DATA bf16ilvn<>+32(SB)/8, $0x0019000900180008
+DATA bf16ilvn<>+40(SB)/8, $0x001b000b001a000a
+DATA bf16ilvn<>+48(SB)/8, $0x001d000d001c000c
+DATA bf16ilvn<>+56(SB)/8, $0x001f000f001e000e
+GLOBL bf16ilvn<>(SB), RODATA|NOPTR, $64
 
 // func copyPackBF16BF16(dst *float32, src unsafe.Pointer, ld, lanes, kc, cols int)
 TEXT ·copyPackBF16BF16(SB), NOSPLIT, $0-48
