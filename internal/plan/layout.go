@@ -46,6 +46,10 @@ type Layout struct {
 	// overlaps tensor-parallel communication with the products next to
 	// it.
 	Compile, Float8, AsyncTP bool
+	// ParamBF16 and ReduceBF16 are training.mixed_precision_param and
+	// mixed_precision_reduce "bfloat16": on a CPU host the copies FSDP
+	// keeps (memplan.Precision); a GPU computes in bfloat16 anyway.
+	ParamBF16, ReduceBF16 bool
 }
 
 // Job is a model and its layout.
@@ -107,6 +111,7 @@ func FromRecipe(job *config.Job, world int) (Job, error) {
 		FirstLessLayers: p.PipelineParallelFirstStageLessLayers, LastLessLayers: p.PipelineParallelLastStageLessLayers,
 		LocalBatch: job.Training.LocalBatchSize, SeqLen: job.Training.SeqLen,
 		Checkpoint: mp.Checkpoint, Reshard: p.FSDPReshardAfterForward, AsyncTP: p.EnableAsyncTensorParallel,
+		ParamBF16: mp.Precision.ParamBF16, ReduceBF16: mp.Precision.ReduceBF16,
 	}
 	return Job{Flavor: job.Model.Flavor, Model: mp.Model, Layout: l}, nil
 }
@@ -129,6 +134,9 @@ func (j Job) MemPlan(rt Runtime) (memplan.Plan, error) {
 	p := memplan.Plan{
 		Model: j.Model, Flavor: j.Flavor, Batch: l.LocalBatch, SeqLen: l.SeqLen, MicrobatchRows: l.MicrobatchRows,
 		Degrees: l.Degrees, Reshard: l.Reshard, Checkpoint: l.Checkpoint, Precision: rt.Precision,
+	}
+	if rt.Precision == (memplan.Precision{}) {
+		p.Precision.ParamBF16, p.Precision.ReduceBF16 = l.ParamBF16, l.ReduceBF16
 	}
 	if rt.WholeLogits {
 		p.LogitChunk = j.Model.VocabSize / max(l.Degrees.TP, 1)

@@ -86,6 +86,7 @@ type Model struct {
 	rk, rv, rdk, rdv backend.Tensor // ring buffers [N, kv] (cp > 1)
 	tOut, tLse       backend.Tensor // one ring block's attention (cp > 1)
 	hN, hn, hLoss    []float32
+	ring             []float32 // ring attention's host staging (cp > 1, see ringHostLen)
 	numTargets       int
 	lossSum          float64
 	haveTargets      bool
@@ -129,11 +130,34 @@ func New(be backend.Backend, cfg Config, B, T int, plan Plan) (*Model, error) {
 	be.Upload(m.sin, sin)
 	m.ids = be.Alloc(backend.Int32, m.N)
 	m.targets = be.Alloc(backend.Int32, m.N)
-	m.hLoss = make([]float32, m.N)
-	if m.tp() > 1 {
-		m.hN, m.hn = make([]float32, m.N*cfg.Dim), make([]float32, m.n*cfg.Dim)
-	}
+	hN, hn, ring := m.hostLens()
+	h := plan.Host
+	m.hLoss, m.hN, m.hn, m.ring = make([]float32, m.N), h.Float32s("llama.seq.all", hN), h.Float32s("llama.seq.own", hn), h.Float32s("llama.ring", ring)
 	return m, nil
+}
+
+// hostLens are the lengths of the host staging buffers: the sequence-
+// parallel collectives' [N, D] and [n, D] (tp > 1) and ring attention's
+// (cp > 1, see ringHostLen).
+func (m *Model) hostLens() (hN, hn, ring int) {
+	if m.tp() > 1 {
+		hN, hn = m.N*m.Cfg.Dim, m.n*m.Cfg.Dim
+	}
+	return hN, hn, m.ringHostLen()
+}
+
+// HostBytesFor is the host memory (bytes) that New allocates beside the
+// activations for plan with batches of B×T tokens: staging, the buffers
+// of the sequence-parallel collectives (tp > 1) and of ring attention
+// (cp > 1, see ringHostLen), which the models sharing a Plan.Host share;
+// own, the model's per-token losses.
+func HostBytesFor(cfg Config, B, T int, plan Plan) (staging, own int64, err error) {
+	m, err := planModel(cfg, B, T, plan)
+	if err != nil {
+		return 0, 0, err
+	}
+	hN, hn, ring := m.hostLens()
+	return int64(hN+hn+ring) * 4, int64(m.N) * 4, nil
 }
 
 // ActivationBytesFor is the activation memory (bytes) that New plans for
