@@ -850,20 +850,34 @@ func (m *Model) InitLocal(seed uint64, dst []float32, offset int) {
 }
 
 // initLayout writes the initial values of the elements [offset,
-// offset+len(dst)) of tp rank r's flat buffer laid out as lay into dst.
+// offset+len(dst)) of tp rank r's flat buffer laid out as lay into dst:
+// a parameter wholly inside dst in place, one cut by its ends through a
+// scratch buffer, so that initialising a model does not leave a second
+// copy of it as garbage.
 func initLayout(cfg Config, lay []ShardParam, tp, r int, seed uint64, dst []float32, offset int) {
+	whole := cfg.Layout()
 	end := offset + len(dst)
+	var tmp []float32
 	for _, p := range lay {
 		lo, hi := max(offset, p.LocalOffset), min(end, p.LocalOffset+p.LocalSize)
 		if lo >= hi {
 			continue
 		}
-		shard := make([]float32, p.LocalSize)
+		inside := lo == p.LocalOffset && hi == p.LocalOffset+p.LocalSize
+		shard := dst[lo-offset : hi-offset]
+		if !inside {
+			if len(tmp) < p.LocalSize {
+				tmp = make([]float32, p.LocalSize)
+			}
+			shard = tmp[:p.LocalSize]
+		}
 		ReadShard(p, tp, r, shard, func(lo int, d []float32) error {
-			InitParams(cfg, seed, d, p.Offset+lo)
+			initParams(whole, seed, d, p.Offset+lo)
 			return nil
 		})
-		copy(dst[lo-offset:hi-offset], shard[lo-p.LocalOffset:hi-p.LocalOffset])
+		if !inside {
+			copy(dst[lo-offset:hi-offset], shard[lo-p.LocalOffset:hi-p.LocalOffset])
+		}
 	}
 }
 
@@ -878,8 +892,13 @@ func initLayout(cfg Config, lay []ShardParam, tp, r int, seed uint64, dst []floa
 // InitParams writes the initial values of the whole model's flat-buffer
 // elements [offset, offset+len(dst)) into dst.
 func InitParams(cfg Config, seed uint64, dst []float32, offset int) {
+	initParams(cfg.Layout(), seed, dst, offset)
+}
+
+// initParams is InitParams over the model's layout lay (cfg.Layout()).
+func initParams(lay []Param, seed uint64, dst []float32, offset int) {
 	end := offset + len(dst)
-	for _, p := range cfg.Layout() {
+	for _, p := range lay {
 		lo, hi := max(offset, p.Offset), min(end, p.Offset+p.Size)
 		if lo >= hi {
 			continue
@@ -902,7 +921,7 @@ func InitParams(cfg Config, seed uint64, dst []float32, offset int) {
 			}
 			continue
 		case "output.weight":
-			std = 1 / math.Sqrt(float64(cfg.Dim))
+			std = 1 / math.Sqrt(float64(p.Shape[1])) // the model dimension
 			cut = 3 * std
 		case "attention.wo.weight", "feed_forward.w2.weight", "feed_forward.w3.weight":
 			std = 0.02 / math.Sqrt(2*float64(layer+1))
