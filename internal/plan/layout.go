@@ -47,8 +47,9 @@ type Layout struct {
 	// it.
 	Compile, Float8, AsyncTP bool
 	// ParamBF16 and ReduceBF16 are training.mixed_precision_param and
-	// mixed_precision_reduce "bfloat16": on a CPU host the copies FSDP
-	// keeps (memplan.Precision); a GPU computes in bfloat16 anyway.
+	// mixed_precision_reduce "bfloat16": on a CPU host bfloat16 products,
+	// gathers and reductions and the copies FSDP keeps (RuntimeOf,
+	// memplan.Precision); a GPU computes in bfloat16 anyway.
 	ParamBF16, ReduceBF16 bool
 }
 
@@ -134,9 +135,6 @@ func (j Job) MemPlan(rt Runtime) (memplan.Plan, error) {
 	p := memplan.Plan{
 		Model: j.Model, Flavor: j.Flavor, Batch: l.LocalBatch, SeqLen: l.SeqLen, MicrobatchRows: l.MicrobatchRows,
 		Degrees: l.Degrees, Reshard: l.Reshard, Checkpoint: l.Checkpoint, Precision: rt.Precision,
-	}
-	if rt.Precision == (memplan.Precision{}) {
-		p.Precision.ParamBF16, p.Precision.ReduceBF16 = l.ParamBF16, l.ReduceBF16
 	}
 	if rt.WholeLogits {
 		p.LogitChunk = j.Model.VocabSize / max(l.Degrees.TP, 1)
