@@ -16,6 +16,7 @@
 package memplan
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -38,6 +39,16 @@ const bytesPerFloat = 4
 // buffers at Compute bytes per element.
 type Precision struct {
 	State, Compute int
+	// ParamBF16 and ReduceBF16 are titan's own mixed precision on the CPU
+	// backend (training.mixed_precision_param and mixed_precision_reduce
+	// "bfloat16", with State and Compute zero): every buffer stays
+	// float32 (the model widens bfloat16 values into float32 buffers) and
+	// FSDP adds its bfloat16 copies (fsdp.Runtime.BufferBytes): the
+	// bfloat16 rounding of the parameter shards; without sharding the
+	// float32 copy of those roundings the model is bound to; with it the
+	// bfloat16 receive buffer of every gathered-unit buffer, and with
+	// ReduceBF16 that of every unit gradient buffer.
+	ParamBF16, ReduceBF16 bool
 }
 
 func (p Precision) state() int64   { return int64(cmp0(p.State, bytesPerFloat)) }
@@ -163,6 +174,7 @@ func FromJob(job *config.Job, world int) (Plan, error) {
 		MicrobatchRows: p.PipelineParallelMicrobatchSize,
 		Degrees:        d, Reshard: p.FSDPReshardAfterForward,
 		Checkpoint: Checkpoint{Mode: job.ActivationCheckpoint.Mode, Option: job.ActivationCheckpoint.SelectiveACOption},
+		Precision:  Precision{ParamBF16: job.Training.MixedPrecisionParam == "bfloat16", ReduceBF16: job.Training.MixedPrecisionReduce == "bfloat16"},
 	}
 	if d.PP > 1 {
 		plan.Pipeline = &parallel.PipelineSettings{
@@ -364,16 +376,39 @@ func stateReport(plan Plan, units []int64) Report {
 	r.Params = state * sb
 	r.Grads = state * sb
 	r.Optimizer = 2 * state * sb
+	// fsdp allocates every unit buffer at the largest unit's size.
+	var paramBufs, gradBufs int64
 	if shard > 1 {
-		// Two gathered units (the one computing and the prefetched one)
-		// and two unit gradient buffers awaiting their reduce-scatter;
-		// without resharding after the forward, every unit stays gathered
-		// until its backward.
-		params := 2 * largest
+		// Two gathered units (the one computing and the prefetched one);
+		// without resharding after the forward, every unit stays
+		// gathered until its backward.
+		paramBufs = 2
 		if plan.Reshard == "never" || plan.Reshard != "always" && d.PP > 1 {
-			params = gathered
+			paramBufs = int64(len(units))
 		}
-		r.FSDPBuffers = (params + 2*largest) * cb
+	}
+	if shard > 1 || d.ReplicateGroup() > 1 {
+		// Two unit gradient buffers awaiting their reduction (the unit
+		// computing and the one reducing); DDP reduces through them too.
+		gradBufs = 2
+	}
+	if shard > 1 && paramBufs == 2 {
+		r.FSDPBuffers = (2*largest + gradBufs*largest) * cb
+	} else if shard > 1 {
+		r.FSDPBuffers = (gathered + gradBufs*largest) * cb
+	} else {
+		r.FSDPBuffers = gradBufs * largest * cb
+	}
+	if p := plan.Precision; p.ParamBF16 {
+		r.FSDPBuffers += state * 2 // the shards' bfloat16 rounding
+		if shard == 1 {
+			r.FSDPBuffers += state * 4 // the float32 copy the model is bound to
+		} else {
+			r.FSDPBuffers += paramBufs * largest * 2
+		}
+	}
+	if plan.Precision.ReduceBF16 {
+		r.FSDPBuffers += gradBufs * largest * 2
 	}
 	return r
 }
@@ -392,7 +427,7 @@ func estimatePipeline(plan Plan) (Report, error) {
 	for rank := range sched.PP {
 		var units []int64
 		peak, split := sched.ActivationSets(rank)
-		var act int64
+		var act, comm, staging int64
 		for _, s := range sched.Stages(rank) {
 			spec := pp.Stages[s]
 			if spec.Embedding {
@@ -404,18 +439,23 @@ func estimatePipeline(plan Plan) (Report, error) {
 			if spec.Head {
 				units = append(units, head)
 			}
-			a, sp, err := stageActivations(plan, pp.MicrobatchRows, spec)
-			if err != nil {
-				return Report{}, err
+			v := stageActivations(plan, pp.MicrobatchRows, spec)
+			if v.err != nil {
+				return Report{}, v.err
 			}
+			a := v.act
 			if split {
-				a += sp
+				a += v.split
 			}
 			act += int64(peak[s]) * a
+			comm += int64(peak[s]) * v.own
+			staging = max(staging, v.staging)
 		}
 		r := stateReport(plan, units)
 		r.Activations = act
-		r.Comm = commBytes(plan, pp.MicrobatchRows, int64(len(sched.Stages(rank))))
+		// The executor's transfer buffers: its receiving side's peak and
+		// the sends in flight.
+		r.Comm = staging + comm + transferBytes(plan, pp.MicrobatchRows, int64(sched.MessageBuffers(rank)+sendsInFlight))
 		if rank == 0 || r.Total() > best.Total() {
 			best = r
 		}
@@ -481,15 +521,20 @@ func llamaPlan(plan Plan, stage *llama.StageSpec) llama.Plan {
 }
 
 // stageActivations returns the activation bytes of one activation set of
-// stage for microbatches of rows, and what a split backward adds to it,
-// at the plan's compute precision.
-func stageActivations(plan Plan, rows int, stage model.StageSpec) (act, split int64, err error) {
+// stage for microbatches of rows, what a split backward adds to it, and
+// its host bytes (the staging the rank's sets share, the set's own), at
+// the plan's compute precision.
+func stageActivations(plan Plan, rows int, stage model.StageSpec) plannedVal {
 	ls := llama.StageSpec(stage)
-	if act, split, err = planned(plan.Model, rows, plan.SeqLen, llamaPlan(plan, &ls)); err != nil {
-		return 0, 0, fmt.Errorf("memplan: %w", err)
-	}
-	cb := plan.Precision.compute()
-	return act / bytesPerFloat * cb, split / bytesPerFloat * cb, nil
+	return planned(plan.Model, rows, plan.SeqLen, llamaPlan(plan, &ls)).scale(plan.Precision)
+}
+
+// scale converts the model's float32 byte counts to the compute
+// precision.
+func (v plannedVal) scale(p Precision) plannedVal {
+	f := func(n int64) int64 { return n / bytesPerFloat * p.compute() }
+	v.act, v.split, v.staging, v.own = f(v.act), f(v.split), f(v.staging), f(v.own)
+	return v
 }
 
 // activations returns the activation and communication bytes of one rank
@@ -499,7 +544,9 @@ func stageActivations(plan Plan, rows int, stage model.StageSpec) (act, split in
 // flight, since a pipeline stage builds one model per microbatch; under
 // pipeline parallelism the busier of the first stage (the embedding and
 // pp microbatches in flight, 1F1B) and the last (the head, one in flight).
-// The communication buffers are the host staging buffers outside them.
+// The communication buffers are the host buffers outside them
+// (llama.HostBytesFor: the staging the rank's models share, each model's
+// own) and a pipeline's transfers.
 func activations(plan Plan, layers int64) (act, comm int64, err error) {
 	c := plan.Model
 	d := plan.Degrees
@@ -513,59 +560,37 @@ func activations(plan Plan, layers int64) (act, comm int64, err error) {
 		// before its first backward.
 		inFlight = min(int64(d.PP), ceilDiv(int64(plan.Batch), int64(rows)))
 	}
-	model := func(stage *llama.StageSpec) (int64, error) {
-		n, _, err := planned(c, rows, plan.SeqLen, llamaPlan(plan, stage))
-		if err != nil {
-			return 0, fmt.Errorf("memplan: %w", err)
-		}
-		return n / bytesPerFloat * plan.Precision.compute(), nil
+	model := func(stage *llama.StageSpec) plannedVal {
+		return planned(c, rows, plan.SeqLen, llamaPlan(plan, stage)).scale(plan.Precision)
 	}
 	if d.PP == 1 {
-		if act, err = model(nil); err != nil {
-			return 0, 0, err
-		}
-	} else {
-		n := int(layers)
-		first, err := model(&llama.StageSpec{FirstLayer: 0, NumLayers: n, Embedding: true})
-		if err != nil {
-			return 0, 0, err
-		}
-		last, err := model(&llama.StageSpec{FirstLayer: c.NLayers - n, NumLayers: n, Head: true})
-		if err != nil {
-			return 0, 0, err
-		}
-		act = max(inFlight*first, last)
+		v := model(nil)
+		return v.act, v.staging + v.own, v.err
 	}
-	return act, commBytes(plan, rows, inFlight), nil
+	n := int(layers)
+	first := model(&llama.StageSpec{FirstLayer: 0, NumLayers: n, Embedding: true})
+	last := model(&llama.StageSpec{FirstLayer: c.NLayers - n, NumLayers: n, Head: true})
+	if err := errors.Join(first.err, last.err); err != nil {
+		return 0, 0, err
+	}
+	comm = max(first.staging, last.staging) + max(inFlight*first.own, last.own) + transferBytes(plan, rows, 2)
+	return max(inFlight*first.act, last.act), comm, nil
 }
 
-// commBytes returns the communication buffers of a rank of plan with
-// microbatches of rows and inFlight activation sets.
-func commBytes(plan Plan, rows int, inFlight int64) (comm int64) {
-	c := plan.Model
+// sendsInFlight is the number of the pipeline executor's sends counted
+// as in flight at once beside its receiving side
+// (pipeline.Schedule.MessageBuffers): it gives a send's buffer back once
+// the send finished, which on a host is as soon as the bytes are in the
+// socket, so a rank rarely has more than its latest send or two going.
+const sendsInFlight = 2
+
+// transferBytes returns the memory of n pipeline transfer buffers of a
+// rank of plan with microbatches of rows: each holds one stage boundary's
+// activation or its gradient (this rank's sequence-parallel rows).
+func transferBytes(plan Plan, rows int, n int64) int64 {
 	d := plan.Degrees
-	// Communication, in host memory beside the model's buffers: sequence
-	// parallel stages a layer input of the whole (cp-local) sequence and
-	// this rank's rows for its all-gather and reduce-scatter (per model);
-	// ring attention's backward rotates key/value shards and their
-	// gradients (two buffers each of k and v), its forward the key/value
-	// shards beside the merged output; pipeline stages send and receive
-	// one activation per microbatch.
-	D := int64(c.Dim)
-	tp, cp := int64(d.TP), int64(d.CP)
-	N := int64(rows) * int64(plan.SeqLen) / cp
-	nkvd, nq, nh := int64(c.KVHeads()*c.HeadDim())/tp, int64(c.NHeads*c.HeadDim())/tp, int64(c.NHeads)/tp
-	cb := plan.Precision.compute()
-	if tp > 1 {
-		comm += inFlight * (N*D + N/tp*D) * cb
-	}
-	if cp > 1 {
-		comm += max(8*N*nkvd, 4*N*nkvd+N*nq+N*nh) * cb
-	}
-	if d.PP > 1 {
-		comm += 2 * N / tp * D * cb
-	}
-	return comm
+	tokens := int64(rows) * int64(plan.SeqLen) / int64(d.CP) / int64(d.TP)
+	return n * tokens * int64(plan.Model.Dim) * plan.Precision.compute()
 }
 
 // plannedKey identifies one activation plan.
@@ -579,31 +604,36 @@ type plannedKey struct {
 }
 
 type plannedVal struct {
-	act, split int64
-	err        error
+	act, split, staging, own int64
+	err                      error
 }
 
 // plans memoizes planned: searches (titan plan --search) estimate
 // thousands of layouts of the same few stage shapes.
 var plans sync.Map
 
-// planned returns llama's activation bytes and split-backward bytes of
-// one part (llama.ActivationBytesFor, llama.SplitBytesFor), memoized.
-func planned(c llama.Config, rows, T int, lp llama.Plan) (act, split int64, err error) {
+// planned returns llama's activation bytes, split-backward bytes and
+// host bytes (shared staging and the part's own) of one part
+// (llama.ActivationBytesFor, llama.SplitBytesFor, llama.HostBytesFor),
+// memoized.
+func planned(c llama.Config, rows, T int, lp llama.Plan) (v plannedVal) {
 	k := plannedKey{cfg: c, rows: rows, T: T, tp: lp.TP, cp: lp.CP, chunk: lp.LogitChunk, mode: lp.Checkpoint.Mode, option: lp.Checkpoint.SelectiveOption}
 	if lp.Stage != nil {
 		k.stage, k.staged = *lp.Stage, true
 	}
 	if v, ok := plans.Load(k); ok {
-		v := v.(plannedVal)
-		return v.act, v.split, v.err
+		return v.(plannedVal)
 	}
-	var v plannedVal
 	if v.act, v.err = llama.ActivationBytesFor(c, rows, T, lp); v.err == nil {
-		v.split, v.err = llama.SplitBytesFor(c, rows, T, lp)
+		if v.split, v.err = llama.SplitBytesFor(c, rows, T, lp); v.err == nil {
+			v.staging, v.own, v.err = llama.HostBytesFor(c, rows, T, lp)
+		}
+	}
+	if v.err != nil {
+		v.err = fmt.Errorf("memplan: %w", v.err)
 	}
 	plans.Store(k, v)
-	return v.act, v.split, v.err
+	return v
 }
 
 // planOnly stands in for the peers of a tensor- or context-parallel

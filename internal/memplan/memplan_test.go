@@ -34,17 +34,22 @@ func estimate(t *testing.T, p Plan) Report {
 
 // TestStateBytesExact: on one process the parameter, gradient and
 // optimizer estimates are NumParams floats, the same again, and two
-// moments.
+// moments; the communication buffers are the model's host buffers (its
+// per-token losses, llama.HostBytesFor).
 func TestStateBytesExact(t *testing.T) {
 	for _, name := range []string{"debug", "tiny_bench", "8B", "70B"} {
 		t.Run(name, func(t *testing.T) {
 			c := flavor(t, name)
 			r := estimate(t, Plan{Model: c, Batch: 1, SeqLen: 16})
 			n := c.NumParams() * 4
+			staging, host, err := llama.HostBytesFor(c, 1, 16, llama.Plan{})
+			if err != nil || staging != 0 || host != 16*4 {
+				t.Fatalf("host buffers %d + %d (%v), want the 16 per-token losses", staging, host, err)
+			}
 			for _, p := range []struct {
 				what      string
 				got, want int64
-			}{{"parameters", r.Params, n}, {"gradients", r.Grads, n}, {"optimizer", r.Optimizer, 2 * n}, {"FSDP buffers", r.FSDPBuffers, 0}, {"comm", r.Comm, 0}} {
+			}{{"parameters", r.Params, n}, {"gradients", r.Grads, n}, {"optimizer", r.Optimizer, 2 * n}, {"FSDP buffers", r.FSDPBuffers, 0}, {"comm", r.Comm, host}} {
 				if p.got != p.want {
 					t.Errorf("%s: %d bytes, want %d", p.what, p.got, p.want)
 				}

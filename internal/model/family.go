@@ -51,6 +51,8 @@ type Placement struct {
 	Stage StageSpec
 	// Precision is how the part computes.
 	Precision Precision
+	// Host, when set, is the staging memory the rank's parts share.
+	Host *HostScratch
 }
 
 // UnitHooks are called by a part's forward and backward around each unit

@@ -219,7 +219,7 @@ func New(be backend.Backend, fam model.Family, g *Groups, o Options) (Engine, er
 		return nil, fmt.Errorf("parallel: a pipeline plan of %d stages on %d ranks for pipeline_parallel_degree %d", len(pp.Stages), pp.Schedule.PP, g.Mesh.PP)
 	}
 	e := &engine{fam: fam, g: g, be: be, o: o}
-	e.pl = model.Placement{TP: g.Mesh.TP, TPRank: g.TPRank(), CP: g.Mesh.CP, CPRank: g.CPRank(), TPGroup: g.TP, CPGroup: g.CP, Precision: o.Precision}
+	e.pl = model.Placement{TP: g.Mesh.TP, TPRank: g.TPRank(), CP: g.Mesh.CP, CPRank: g.CPRank(), TPGroup: g.TP, CPGroup: g.CP, Precision: o.Precision, Host: &model.HostScratch{}}
 	ppRank := g.coord(0)
 	byIndex := map[int]*stage{}
 	off := 0

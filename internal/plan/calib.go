@@ -28,6 +28,12 @@ type Calibration struct {
 	// Attention is the fraction of the same peak that attention (its
 	// causal FLOPs, see attentionFLOPs) reaches.
 	Attention float64 `json:"attention_efficiency"`
+	// MatmulBF16 and AttentionBF16 are the fractions of a CPU's fp32 peak
+	// that its bfloat16 products (titan's mixed precision: GemmBF16,
+	// attention's bfloat16 products) reach; 0 when not measured, and then
+	// taken as the float32 ones.
+	MatmulBF16    float64 `json:"matmul_bf16_efficiency,omitempty"`
+	AttentionBF16 float64 `json:"attention_bf16_efficiency,omitempty"`
 	// Elementwise is the fraction of the memory bandwidth element-wise
 	// passes reach.
 	Elementwise float64 `json:"elementwise_efficiency"`
@@ -68,8 +74,8 @@ func (c Calibration) Validate() error {
 			return fmt.Errorf("plan: calibration %s = %g must be > 0", f.name, f.v)
 		}
 	}
-	if c.MatmulFP8 < 0 || c.MemoryBase < 0 {
-		return fmt.Errorf("plan: calibration matmul_fp8_efficiency %g and memory_base_bytes %g must be >= 0", c.MatmulFP8, c.MemoryBase)
+	if c.MatmulFP8 < 0 || c.MemoryBase < 0 || c.MatmulBF16 < 0 || c.AttentionBF16 < 0 {
+		return fmt.Errorf("plan: calibration matmul_fp8_efficiency %g, matmul_bf16_efficiency %g, attention_bf16_efficiency %g and memory_base_bytes %g must be >= 0", c.MatmulFP8, c.MatmulBF16, c.AttentionBF16, c.MemoryBase)
 	}
 	for _, k := range c.Collectives {
 		if k.NProc < 2 || !(k.Bandwidth > 0) || k.Latency < 0 {
@@ -193,12 +199,13 @@ type Runtime struct {
 }
 
 // RuntimeOf returns the runtime of layout l on cluster c: float32 and
-// titan's fused kernels on a CPU (whose ranks share the host's cores);
-// float32 state with bf16 compute, whole logits, eager element-wise
-// kernels unless compiled and PyTorch's ring attention on a GPU.
+// titan's fused kernels on a CPU (whose ranks share the host's cores),
+// with the layout's mixed precision; float32 state with bf16 compute,
+// whole logits, eager element-wise kernels unless compiled and PyTorch's
+// ring attention on a GPU.
 func RuntimeOf(c cluster.Cluster, l Layout) Runtime {
 	if c.CPU() {
-		return Runtime{Fused: true, Shared: min(l.World(), c.Nodes*c.DevicesPerNode)}
+		return Runtime{Precision: memplan.Precision{ParamBF16: l.ParamBF16, ReduceBF16: l.ReduceBF16}, Fused: true, Shared: min(l.World(), c.Nodes*c.DevicesPerNode)}
 	}
 	return Runtime{Precision: memplan.Precision{State: 4, Compute: 2}, WholeLogits: true, Fused: l.Compile, Overlap: true, Shared: 1, TorchRing: true}
 }

@@ -76,12 +76,13 @@ func CalibrateCPU(ctx context.Context, c cluster.Cluster, o CalibrateOptions) (C
 	if err != nil {
 		return Calibration{}, err
 	}
-	logf("kernels (%s, %d × %d, %d threads): GEMM %.3g FLOP/s, attention %.3g FLOP/s, element-wise %.3g B/s", o.Flavor, o.Batch, o.SeqLen, k.threads, k.gemm, k.attn, k.ew)
+	logf("kernels (%s, %d × %d, %d threads): GEMM %.3g FLOP/s (bf16 %.3g), attention %.3g FLOP/s (bf16 %.3g), element-wise %.3g B/s", o.Flavor, o.Batch, o.SeqLen, k.threads, k.gemm, k.gemmBF16, k.attn, k.attnBF16, k.ew)
 	cal := Calibration{
-		Source:      fmt.Sprintf("titan plan --calibrate on this host (%s shapes; %s)", o.Flavor, time.Now().UTC().Format(time.RFC3339)),
-		Cluster:     c.Name,
-		Matmul:      k.gemm / c.Device.PeakFP32,
-		Attention:   k.attn / c.Device.PeakFP32,
+		Source:     fmt.Sprintf("titan plan --calibrate on this host (%s shapes; %s)", o.Flavor, time.Now().UTC().Format(time.RFC3339)),
+		Cluster:    c.Name,
+		Matmul:     k.gemm / c.Device.PeakFP32,
+		Attention:  k.attn / c.Device.PeakFP32,
+		MatmulBF16: k.gemmBF16 / c.Device.PeakFP32, AttentionBF16: k.attnBF16 / c.Device.PeakFP32,
 		Elementwise: k.ew / c.Device.MemoryBandwidth,
 		Comm:        1, MemoryFactor: 1,
 		Created: time.Now().UTC().Format(time.RFC3339),
@@ -110,8 +111,9 @@ func CalibrateCPU(ctx context.Context, c cluster.Cluster, o CalibrateOptions) (C
 
 // kernelRates are measured throughputs.
 type kernelRates struct {
-	gemm, attn, ew float64
-	threads        int
+	gemm, attn, ew     float64
+	gemmBF16, attnBF16 float64 // mixed precision's bfloat16 products
+	threads            int
 }
 
 // timeIt returns the best of a few runs of fn (at least 3, for up to
@@ -150,7 +152,7 @@ func measureKernels(cfg llama.Config, B, T int) (kernelRates, error) {
 	// The products of a layer and the head, forward and both backward
 	// products, as the model runs them: x[N×in] · W[out×in]^T.
 	shapes := [][2]int{{D, Q}, {D, KV}, {D, KV}, {Q, D}, {D, F}, {D, F}, {F, D}, {D, V}}
-	var flops, secs float64
+	var flops, secs, secsBF16 float64
 	for _, s := range shapes {
 		in, out := s[0], s[1]
 		x, w, y := fill(N*in), fill(out*in), fill(N*out)
@@ -160,18 +162,30 @@ func measureKernels(cfg llama.Config, B, T int) (kernelRates, error) {
 			be.Gemm(false, false, N, in, out, 1, y, out, w, in, 0, dx, in)
 			be.Gemm(true, false, out, in, N, 1, y, out, x, in, 0, dw, in)
 		})
+		secsBF16 += timeIt(func() {
+			be.GemmBF16(false, true, N, out, in, 1, x, in, w, in, 0, y, out)
+			be.GemmBF16(false, false, N, in, out, 1, y, out, w, in, 0, dx, in)
+			be.GemmBF16(true, false, out, in, N, 1, y, out, x, in, 0, dw, in)
+		})
 		flops += 3 * 2 * float64(N) * float64(in) * float64(out)
 	}
-	r := kernelRates{gemm: flops / secs, threads: be.Threads()}
-	// Causal attention forward and backward.
-	d := backend.AttentionDims{B: B, Tq: T, Tk: T, NH: cfg.NHeads, NKV: cfg.KVHeads(), HD: cfg.HeadDim()}
+	r := kernelRates{gemm: flops / secs, gemmBF16: flops / secsBF16, threads: be.Threads()}
+	// Causal attention forward and backward, in float32 and with
+	// bfloat16 products.
 	q, k, v := fill(N*Q), fill(N*KV), fill(N*KV)
 	out, lse, dout := fill(N*Q), fill(B*cfg.NHeads*T), fill(N*Q)
 	dq, dk, dv := fill(N*Q), fill(N*KV), fill(N*KV)
-	fwd := timeIt(func() { be.AttentionForward(out, lse, q, k, v, d) })
-	bwd := timeIt(func() { be.AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse, d) })
 	af := attentionFLOPs(cfg, float64(N), float64(T))
-	r.attn = af * (1 + attentionBackward) / (fwd + bwd)
+	for _, bf16 := range []bool{false, true} {
+		d := backend.AttentionDims{B: B, Tq: T, Tk: T, NH: cfg.NHeads, NKV: cfg.KVHeads(), HD: cfg.HeadDim(), BF16: bf16}
+		fwd := timeIt(func() { be.AttentionForward(out, lse, q, k, v, d) })
+		bwd := timeIt(func() { be.AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse, d) })
+		if bf16 {
+			r.attnBF16 = af * (1 + attentionBackward) / (fwd + bwd)
+		} else {
+			r.attn = af * (1 + attentionBackward) / (fwd + bwd)
+		}
+	}
 	// Element-wise: RMSNorm over N×D and SwiGLU over N×F, forward and
 	// backward, in the bytes ewElements counts for fused kernels.
 	x, w, y, rstd := fill(N*D), fill(D), fill(N*D), fill(N)
@@ -187,7 +201,7 @@ func measureKernels(cfg llama.Config, B, T int) (kernelRates, error) {
 	// Forward: the norm reads and writes N×D, SwiGLU reads two N×F and
 	// writes one; the backwards move twice as much.
 	r.ew = 3 * float64(2*N*D+3*N*F) * 4 / ewSecs
-	if !(r.gemm > 0 && r.attn > 0 && r.ew > 0) {
+	if !(r.gemm > 0 && r.attn > 0 && r.ew > 0 && r.gemmBF16 > 0 && r.attnBF16 > 0) {
 		return r, fmt.Errorf("plan: calibrate: kernel timings out of range (%+v)", r)
 	}
 	return r, nil

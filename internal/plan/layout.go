@@ -46,6 +46,11 @@ type Layout struct {
 	// overlaps tensor-parallel communication with the products next to
 	// it.
 	Compile, Float8, AsyncTP bool
+	// ParamBF16 and ReduceBF16 are training.mixed_precision_param and
+	// mixed_precision_reduce "bfloat16": on a CPU host bfloat16 products,
+	// gathers and reductions and the copies FSDP keeps (RuntimeOf,
+	// memplan.Precision); a GPU computes in bfloat16 anyway.
+	ParamBF16, ReduceBF16 bool
 }
 
 // Job is a model and its layout.
@@ -107,6 +112,7 @@ func FromRecipe(job *config.Job, world int) (Job, error) {
 		FirstLessLayers: p.PipelineParallelFirstStageLessLayers, LastLessLayers: p.PipelineParallelLastStageLessLayers,
 		LocalBatch: job.Training.LocalBatchSize, SeqLen: job.Training.SeqLen,
 		Checkpoint: mp.Checkpoint, Reshard: p.FSDPReshardAfterForward, AsyncTP: p.EnableAsyncTensorParallel,
+		ParamBF16: mp.Precision.ParamBF16, ReduceBF16: mp.Precision.ReduceBF16,
 	}
 	return Job{Flavor: job.Model.Flavor, Model: mp.Model, Layout: l}, nil
 }

@@ -42,11 +42,13 @@ var debugLayouts = []struct {
 	name  string
 	d     memplan.Degrees
 	sched string
+	bf16  bool // training.mixed_precision_param = "bfloat16"
 }{
-	{"one", deg(1, 1, 1, 1, 1), ""}, {"FSDP2", deg(1, 1, 2, 1, 1), ""}, {"FSDP4", deg(1, 1, 4, 1, 1), ""},
-	{"DDP2", deg(1, 2, 1, 1, 1), ""}, {"TP2", deg(1, 1, 1, 1, 2), ""}, {"TP4", deg(1, 1, 1, 1, 4), ""}, {"CP2", deg(1, 1, 1, 2, 1), ""},
-	{"PP2-1F1B", deg(2, 1, 1, 1, 1), "1F1B"}, {"PP2-GPipe", deg(2, 1, 1, 1, 1), "GPipe"},
-	{"PP2-Interleaved1F1B", deg(2, 1, 1, 1, 1), "Interleaved1F1B"}, {"FSDP2xTP2", deg(1, 1, 2, 1, 2), ""},
+	{"one", deg(1, 1, 1, 1, 1), "", false}, {"FSDP2", deg(1, 1, 2, 1, 1), "", false}, {"FSDP4", deg(1, 1, 4, 1, 1), "", false},
+	{"DDP2", deg(1, 2, 1, 1, 1), "", false}, {"TP2", deg(1, 1, 1, 1, 2), "", false}, {"TP4", deg(1, 1, 1, 1, 4), "", false}, {"CP2", deg(1, 1, 1, 2, 1), "", false},
+	{"PP2-1F1B", deg(2, 1, 1, 1, 1), "1F1B", false}, {"PP2-GPipe", deg(2, 1, 1, 1, 1), "GPipe", false},
+	{"PP2-Interleaved1F1B", deg(2, 1, 1, 1, 1), "Interleaved1F1B", false}, {"FSDP2xTP2", deg(1, 1, 2, 1, 2), "", false},
+	{"one-bf16", deg(1, 1, 1, 1, 1), "", true}, {"FSDP2-bf16", deg(1, 1, 2, 1, 1), "", true},
 }
 
 // TestMemoryIsMemplans checks that the predicted memory is memplan's
@@ -61,6 +63,7 @@ func TestMemoryIsMemplans(t *testing.T) {
 	for _, l := range debugLayouts {
 		t.Run(l.name, func(t *testing.T) {
 			j := debugJob(t, l.d, l.sched)
+			j.Layout.ParamBF16 = l.bf16
 			p, err := Predict(j, c, cal)
 			if err != nil {
 				t.Fatal(err)
@@ -73,8 +76,8 @@ func TestMemoryIsMemplans(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if p.Memory.Total() != want.Total() {
-				t.Errorf("memory %d, memplan %d", p.Memory.Total(), want.Total())
+			if p.Memory.Total() != want.Total() || mp.Precision.ParamBF16 != l.bf16 {
+				t.Errorf("memory %d, memplan %d (bf16 %v)", p.Memory.Total(), want.Total(), mp.Precision.ParamBF16)
 			}
 			if p.LossBytes != 0 {
 				t.Errorf("titan's chunked loss has %g bytes of PyTorch loss transients", p.LossBytes)
@@ -87,14 +90,22 @@ func TestMemoryIsMemplans(t *testing.T) {
 }
 
 // TestTrainerEstimateMatches checks that a recipe's plan is the
-// trainer's: FromRecipe's memplan plan estimates what memplan.FromJob
-// (titan train's check) does.
+// trainer's: FromRecipe's memplan plan on this CPU host's runtime
+// (mixed precision included) estimates what memplan.FromJob (titan
+// train's check) does.
 func TestTrainerEstimateMatches(t *testing.T) {
+	host, err := cluster.Load("cpu-2core")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, sets := range [][]string{
 		nil,
 		{"parallelism.data_parallel_shard_degree=2"},
 		{"parallelism.tensor_parallel_degree=2", "parallelism.data_parallel_shard_degree=1"},
 		{"parallelism.pipeline_parallel_degree=2", "parallelism.data_parallel_shard_degree=1", "parallelism.pipeline_parallel_schedule=GPipe"},
+		{"parallelism.context_parallel_degree=2", "parallelism.data_parallel_shard_degree=1"},
+		{"training.mixed_precision_param=bfloat16", "parallelism.data_parallel_shard_degree=1"},
+		{"training.mixed_precision_param=bfloat16", "training.mixed_precision_reduce=bfloat16", "parallelism.data_parallel_shard_degree=2"},
 	} {
 		job, err := config.Load("../../recipes/llama3_debug.toml", sets, nil)
 		if err != nil {
@@ -108,7 +119,7 @@ func TestTrainerEstimateMatches(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		mp, err := j.MemPlan(Runtime{})
+		mp, err := j.MemPlan(RuntimeOf(host, j.Layout))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -175,10 +175,14 @@ func ratesOf(c cluster.Cluster, cal Calibration, rt Runtime) rates {
 		peak = c.Device.PeakFP32
 	}
 	share := float64(max(rt.Shared, 1))
+	mm, attn := cal.Matmul, cal.Attention
+	if rt.Precision.ParamBF16 && cal.MatmulBF16 > 0 && cal.AttentionBF16 > 0 {
+		mm, attn = cal.MatmulBF16, cal.AttentionBF16
+	}
 	return rates{
-		mm:   cal.Matmul * peak / share,
+		mm:   mm * peak / share,
 		fp8:  cal.MatmulFP8 * c.Device.PeakFP8 / share,
-		attn: cal.Attention * peak / share,
+		attn: attn * peak / share,
 		ew:   cal.Elementwise * c.Device.MemoryBandwidth / share,
 	}
 }
@@ -437,10 +441,26 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 		gathers = 1
 	}
 	shard, repl := d.ShardGroup(), d.ReplicateGroup()
+	// CPU mixed precision gathers and reduces bfloat16; rounding the
+	// shards (and widening what arrives) are element-wise passes.
+	agb, rsb, round := cb, 4.0, 0.0
+	if p := rt.Precision; p.ParamBF16 {
+		agb = 2
+		round = share.params / float64(shard) * (4 + 2) // the shards to bfloat16
+		if shard == 1 {
+			round += share.params * (2 + 4) // the bound float32 copy
+		} else {
+			round += gathers * share.params * (2 + 4) // each gathered unit widened
+		}
+	}
+	if rt.Precision.ReduceBF16 {
+		rsb = 2
+		round += share.params * (4 + 2) * float64(m) // each microbatch's unit gradients rounded
+	}
 	if shard > 1 {
 		link := groupLink(c, d, "dp_shard")
-		ag := ringTime(c, cal, rt, "all_gather", shard, link, share.params*cb)
-		rs := ringTime(c, cal, rt, "reduce_scatter", shard, link, share.params*4)
+		ag := ringTime(c, cal, rt, "all_gather", shard, link, share.params*agb)
+		rs := ringTime(c, cal, rt, "reduce_scatter", shard, link, share.params*rsb)
 		b.FSDPTotal = gathers*ag + rs
 		first := share.firstUnit / share.params
 		b.FSDP = b.FSDPTotal
@@ -451,14 +471,15 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 		}
 	}
 	if repl > 1 {
-		b.DPTotal = ringTime(c, cal, rt, "allreduce", repl, groupLink(c, d, "dp_replicate"), share.params/float64(shard)*4)
+		b.DPTotal = ringTime(c, cal, rt, "allreduce", repl, groupLink(c, d, "dp_replicate"), share.params/float64(shard)*rsb)
 		b.DP = b.DPTotal
 		if rt.Overlap {
 			b.DP = math.Max(0, b.DPTotal-math.Max(0, busy-b.FSDPTotal))
 		}
 	}
 	b.Optimizer = share.params / float64(shard) * 4 * optimizerAccesses / r.ew
-	b.Step = sim.Makespan + b.FSDP + b.DP + b.Optimizer
+	b.Elementwise += round / r.ew
+	b.Step = round/r.ew + sim.Makespan + b.FSDP + b.DP + b.Optimizer
 	return b, sim, nil
 }
 

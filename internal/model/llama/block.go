@@ -362,21 +362,20 @@ func (m *Model) attention(a *layerActs) error {
 		be.AttentionForward(a.attn, a.lse, a.q, a.k, a.v, m.attnDims())
 		return nil
 	}
-	out := make([]float32, N*m.nq)
-	lse := make([]float32, N*m.nh)
+	kvn := N * m.nkvd
+	cur, next, out, lse, to, tl := m.ringForward()
 	for i := range lse {
 		lse[i] = float32(math.Inf(-1))
 	}
-	to, tl := make([]float32, m.cchunk*m.nq), make([]float32, m.nh*m.cchunk)
-	cur, next := make([]float32, 2*N*m.nkvd), make([]float32, 2*N*m.nkvd)
-	be.Download(cur[:N*m.nkvd], a.k)
-	be.Download(cur[N*m.nkvd:], a.v)
+	clear(out)
+	be.Download(cur[:kvn], a.k)
+	be.Download(cur[kvn:], a.v)
 	for s := 0; s < cp; s++ {
 		src := (m.CPRank - s + cp) % cp
 		K, V := a.k, a.v
 		if s > 0 {
-			be.Upload(m.rk, cur[:N*m.nkvd])
-			be.Upload(m.rv, cur[N*m.nkvd:])
+			be.Upload(m.rk, cur[:kvn])
+			be.Upload(m.rv, cur[kvn:])
 			K, V = m.rk, m.rv
 		}
 		m.blockPairs(src, func(qOff, kOff, lOff int, d backend.AttentionDims) {
@@ -409,8 +408,7 @@ func (m *Model) attentionBackward(a *layerActs, dv backend.Tensor) error {
 		be.AttentionBackward(m.dq, m.dk, dv, m.dat, a.q, a.k, a.v, a.attn, a.lse, m.attnDims())
 		return nil
 	}
-	cur, next := make([]float32, 2*kvn), make([]float32, 2*kvn)
-	dcur, dnext := make([]float32, 2*kvn), make([]float32, 2*kvn)
+	cur, next, dcur, dnext := m.ringBackward()
 	be.Download(cur[:kvn], a.k)
 	be.Download(cur[kvn:], a.v)
 	for s := 0; s < cp; s++ {
@@ -444,6 +442,41 @@ func (m *Model) attentionBackward(a *layerActs, dv backend.Tensor) error {
 	be.Upload(m.dk, dcur[:kvn])
 	be.Upload(dv, dcur[kvn:])
 	return nil
+}
+
+// ringHostLen is the length of the host buffer ring attention stages
+// its rotations in (m.ring, allocated once in New): the forward's two
+// key/value blocks (the one computed with and the one arriving), the
+// merged output and log-sum-exp of this rank's queries and one block's
+// partial result; the backward's two key/value blocks and two blocks of
+// their gradients. Forward and backward take turns, so they share it.
+func (m *Model) ringHostLen() int {
+	if m.cp() == 1 {
+		return 0
+	}
+	kvn := m.N * m.nkvd
+	fwd := 4*kvn + m.N*m.nq + m.N*m.nh + m.cchunk*m.nq + m.nh*m.cchunk
+	return max(fwd, 8*kvn)
+}
+
+// ringForward cuts the forward's buffers out of m.ring: the current and
+// next key/value blocks [2·N·kv], the merged output [N, nq] and
+// log-sum-exp [N·nh], one block's partial output and log-sum-exp.
+func (m *Model) ringForward() (cur, next, out, lse, to, tl []float32) {
+	r, kvn := m.ring, 2*m.N*m.nkvd
+	take := func(n int) []float32 {
+		b := r[:n:n]
+		r = r[n:]
+		return b
+	}
+	return take(kvn), take(kvn), take(m.N * m.nq), take(m.N * m.nh), take(m.cchunk * m.nq), take(m.nh * m.cchunk)
+}
+
+// ringBackward cuts the backward's buffers out of m.ring: the current and
+// next key/value blocks and their gradients, [2·N·kv] each.
+func (m *Model) ringBackward() (cur, next, dcur, dnext []float32) {
+	kvn := 2 * m.N * m.nkvd
+	return m.ring[:kvn:kvn], m.ring[kvn : 2*kvn : 2*kvn], m.ring[2*kvn : 3*kvn : 3*kvn], m.ring[3*kvn : 4*kvn : 4*kvn]
 }
 
 // MergeAttention folds a partial attention result (out2 [Tq, NH, HD],

@@ -86,6 +86,7 @@ type Model struct {
 	rk, rv, rdk, rdv backend.Tensor // ring buffers [N, kv] (cp > 1)
 	tOut, tLse       backend.Tensor // one ring block's attention (cp > 1)
 	hN, hn, hLoss    []float32
+	ring             []float32 // ring attention's host staging (cp > 1, see ringHostLen)
 	numTargets       int
 	lossSum          float64
 	haveTargets      bool
@@ -132,11 +133,34 @@ func New(be backend.Backend, cfg Config, B, T int, plan Plan) (*Model, error) {
 	be.Upload(m.sin, sin)
 	m.ids = be.Alloc(backend.Int32, m.N)
 	m.targets = be.Alloc(backend.Int32, m.N)
-	m.hLoss = make([]float32, m.N)
-	if m.tp() > 1 {
-		m.hN, m.hn = make([]float32, m.N*cfg.Dim), make([]float32, m.n*cfg.Dim)
-	}
+	hN, hn, ring := m.hostLens()
+	h := plan.Host
+	m.hLoss, m.hN, m.hn, m.ring = make([]float32, m.N), h.Float32s("llama.seq.all", hN), h.Float32s("llama.seq.own", hn), h.Float32s("llama.ring", ring)
 	return m, nil
+}
+
+// hostLens are the lengths of the host staging buffers: the sequence-
+// parallel collectives' [N, D] and [n, D] (tp > 1) and ring attention's
+// (cp > 1, see ringHostLen).
+func (m *Model) hostLens() (hN, hn, ring int) {
+	if m.tp() > 1 {
+		hN, hn = m.N*m.Cfg.Dim, m.n*m.Cfg.Dim
+	}
+	return hN, hn, m.ringHostLen()
+}
+
+// HostBytesFor is the host memory (bytes) that New allocates beside the
+// activations for plan with batches of B×T tokens: staging, the buffers
+// of the sequence-parallel collectives (tp > 1) and of ring attention
+// (cp > 1, see ringHostLen), which the models sharing a Plan.Host share;
+// own, the model's per-token losses.
+func HostBytesFor(cfg Config, B, T int, plan Plan) (staging, own int64, err error) {
+	m, err := planModel(cfg, B, T, plan)
+	if err != nil {
+		return 0, 0, err
+	}
+	hN, hn, ring := m.hostLens()
+	return int64(hN+hn+ring) * 4, int64(m.N) * 4, nil
 }
 
 // ActivationBytesFor is the activation memory (bytes) that New plans for
@@ -830,20 +854,34 @@ func (m *Model) InitLocal(seed uint64, dst []float32, offset int) {
 }
 
 // initLayout writes the initial values of the elements [offset,
-// offset+len(dst)) of tp rank r's flat buffer laid out as lay into dst.
+// offset+len(dst)) of tp rank r's flat buffer laid out as lay into dst:
+// a parameter wholly inside dst in place, one cut by its ends through a
+// scratch buffer, so that initialising a model does not leave a second
+// copy of it as garbage.
 func initLayout(cfg Config, lay []ShardParam, tp, r int, seed uint64, dst []float32, offset int) {
+	whole := cfg.Layout()
 	end := offset + len(dst)
+	var tmp []float32
 	for _, p := range lay {
 		lo, hi := max(offset, p.LocalOffset), min(end, p.LocalOffset+p.LocalSize)
 		if lo >= hi {
 			continue
 		}
-		shard := make([]float32, p.LocalSize)
+		inside := lo == p.LocalOffset && hi == p.LocalOffset+p.LocalSize
+		shard := dst[lo-offset : hi-offset]
+		if !inside {
+			if len(tmp) < p.LocalSize {
+				tmp = make([]float32, p.LocalSize)
+			}
+			shard = tmp[:p.LocalSize]
+		}
 		ReadShard(p, tp, r, shard, func(lo int, d []float32) error {
-			InitParams(cfg, seed, d, p.Offset+lo)
+			initParams(whole, seed, d, p.Offset+lo)
 			return nil
 		})
-		copy(dst[lo-offset:hi-offset], shard[lo-p.LocalOffset:hi-p.LocalOffset])
+		if !inside {
+			copy(dst[lo-offset:hi-offset], shard[lo-p.LocalOffset:hi-p.LocalOffset])
+		}
 	}
 }
 
@@ -858,8 +896,13 @@ func initLayout(cfg Config, lay []ShardParam, tp, r int, seed uint64, dst []floa
 // InitParams writes the initial values of the whole model's flat-buffer
 // elements [offset, offset+len(dst)) into dst.
 func InitParams(cfg Config, seed uint64, dst []float32, offset int) {
+	initParams(cfg.Layout(), seed, dst, offset)
+}
+
+// initParams is InitParams over the model's layout lay (cfg.Layout()).
+func initParams(lay []Param, seed uint64, dst []float32, offset int) {
 	end := offset + len(dst)
-	for _, p := range cfg.Layout() {
+	for _, p := range lay {
 		lo, hi := max(offset, p.Offset), min(end, p.Offset+p.Size)
 		if lo >= hi {
 			continue
@@ -882,7 +925,7 @@ func InitParams(cfg Config, seed uint64, dst []float32, offset int) {
 			}
 			continue
 		case "output.weight":
-			std = 1 / math.Sqrt(float64(cfg.Dim))
+			std = 1 / math.Sqrt(float64(p.Shape[1])) // the model dimension
 			cut = 3 * std
 		case "attention.wo.weight", "feed_forward.w2.weight", "feed_forward.w3.weight":
 			std = 0.02 / math.Sqrt(2*float64(layer+1))

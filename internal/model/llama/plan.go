@@ -28,6 +28,10 @@ type Plan struct {
 	TP, TPRank, CP, CPRank int
 	// Comm reaches the rank's tp and cp peers; required when TP×CP > 1.
 	Comm ParallelComm
+	// Host, when set, holds the host staging buffers of the collectives
+	// (see HostBytesFor), shared with the rank's other models, which
+	// must not compute at the same time; nil: the model's own.
+	Host *model.HostScratch
 	// Stage, when set, restricts the model to one pipeline stage.
 	Stage *StageSpec
 	// LogitChunk bounds how many columns of this rank's vocabulary have

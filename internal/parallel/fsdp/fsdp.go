@@ -364,11 +364,10 @@ func (r *Runtime) Sharded() bool { return r.shard != nil }
 // Init fills this rank's parameter shards with fill(lo, dst), which
 // writes the initial values of the flat-buffer elements [lo, lo+len(dst)).
 func (r *Runtime) Init(fill func(lo int, dst []float32)) {
-	h := make([]float32, r.Len)
+	h := host(r.Params) // New checked it is host memory: fill in place
 	for u, s := range r.Shards {
 		fill(s.Lo, h[r.Local[u]:r.Local[u]+s.Len()])
 	}
-	r.be.Upload(r.Params, h)
 	r.Invalidate()
 }
 

@@ -61,6 +61,12 @@ type peer struct {
 	buf   []float32
 }
 
+// sent is a transfer to another rank in flight and the buffer it sends.
+type sent struct {
+	work *comm.Work
+	buf  []float32
+}
+
 // Executor runs one pipeline rank's actions of a Schedule on its stages,
 // exchanging activations and gradients with the other ranks of the
 // pipeline group. It holds, for each of the rank's stages, as many
@@ -75,8 +81,16 @@ type Executor struct {
 	free  map[int][]Stage      // the free ones
 	live  map[[2]int]Stage     // by (stage, microbatch)
 	mail  map[msgKey][]float32 // delivered, not yet consumed
-	sends []*comm.Work
-	stats Stats
+	sends []sent               // transfers in flight, in issue order
+	// pool holds the free transfer buffers; every receive, send and
+	// delivered message takes one and gives it back when it is done,
+	// so that the buffers are allocated once, not per transfer.
+	pool    [][]float32
+	buffers int   // transfer buffers allocated
+	held    int   // of them in receives, the mailbox and consumption
+	heldMax int   // the most held at once (see MessageBuffers)
+	sendErr error // of a transfer reaped before the end of Run
+	stats   Stats
 }
 
 // ctx is the context of the executor's transfers; timeouts come from the
@@ -163,30 +177,108 @@ func (x *Executor) release(s, mb int) {
 // peers lists, for every other rank that sends this rank something while
 // running actions (each rank's list), the messages in the sender's order.
 func (x *Executor) peers(actions [][]Action) map[int]*peer {
-	sr := x.Sched.StageRank
-	S := len(sr)
 	out := map[int]*peer{}
+	for q, queue := range x.Sched.inbound(actions, x.Rank) {
+		out[q] = &peer{rank: q, queue: queue}
+	}
+	return out
+}
+
+// outbound returns the message action a sends (ok unset: none).
+func (s Schedule) outbound(a Action) (k msgKey, ok bool) {
+	switch {
+	case a.Kind == Forward && a.Stage < len(s.StageRank)-1:
+		return msgKey{false, a.Stage + 1, a.Microbatch}, true
+	case (a.Kind == Backward || a.Kind == BackwardInput) && a.Stage > 0:
+		return msgKey{true, a.Stage - 1, a.Microbatch}, true
+	}
+	return msgKey{}, false
+}
+
+// wants returns the message action a consumes (ok unset: none).
+func (s Schedule) wants(a Action) (k msgKey, ok bool) {
+	switch {
+	case a.Kind == Forward && a.Stage > 0:
+		return msgKey{false, a.Stage, a.Microbatch}, true
+	case (a.Kind == Backward || a.Kind == BackwardInput) && a.Stage < len(s.StageRank)-1:
+		return msgKey{true, a.Stage, a.Microbatch}, true
+	}
+	return msgKey{}, false
+}
+
+// sender is the rank that sends message k.
+func (s Schedule) sender(k msgKey) int {
+	if k.grad {
+		return s.StageRank[k.stage+1]
+	}
+	return s.StageRank[k.stage-1]
+}
+
+// inbound lists, for every other rank that sends rank something while
+// running actions (each rank's list), the messages in the sender's order.
+func (s Schedule) inbound(actions [][]Action, rank int) map[int][]msgKey {
+	out := map[int][]msgKey{}
 	for q, list := range actions {
-		if q == x.Rank {
+		if q == rank {
 			continue
 		}
 		for _, a := range list {
-			var k msgKey
-			switch {
-			case a.Kind == Forward && a.Stage < S-1 && sr[a.Stage+1] == x.Rank:
-				k = msgKey{false, a.Stage + 1, a.Microbatch}
-			case (a.Kind == Backward || a.Kind == BackwardInput) && a.Stage > 0 && sr[a.Stage-1] == x.Rank:
-				k = msgKey{true, a.Stage - 1, a.Microbatch}
-			default:
-				continue
+			if k, ok := s.outbound(a); ok && s.StageRank[k.stage] == rank {
+				out[q] = append(out[q], k)
 			}
-			if out[q] == nil {
-				out[q] = &peer{rank: q}
-			}
-			out[q].queue = append(out[q].queue, k)
 		}
 	}
 	return out
+}
+
+// MessageBuffers returns the transfer buffers rank's executor holds at
+// most at once on its receiving side during one pass of the schedule's
+// actions: the receive posted ahead from each sending rank, the messages
+// that arrived before they are needed (a sender's order is not the
+// order this rank consumes them in, or a stage on this rank sent them),
+// and the one being consumed. Like the executor it receives from a
+// sender only when it needs one of its messages. Sends add their buffers
+// while in flight; the executor gives each back when its send finished
+// and reuses it.
+func (s Schedule) MessageBuffers(rank int) int {
+	in := s.inbound(s.Actions, rank)
+	pos := map[int]int{}
+	mail := map[msgKey]bool{}
+	held := 0
+	for _, q := range in {
+		if len(q) > 0 {
+			held++
+		}
+	}
+	peak := held
+	for _, a := range s.Actions[rank] {
+		if k, ok := s.wants(a); ok {
+			if mail[k] {
+				delete(mail, k)
+			} else {
+				q := s.sender(k)
+				for pos[q] < len(in[q]) {
+					got := in[q][pos[q]]
+					pos[q]++
+					if pos[q] < len(in[q]) {
+						held++ // the next receive posted
+					}
+					if got == k {
+						break
+					}
+					mail[got] = true
+				}
+			}
+			peak = max(peak, held)
+			held-- // consumed
+		}
+		if k, ok := s.outbound(a); ok && s.StageRank[k.stage] == rank {
+			held++
+			mail[k] = true
+			peak = max(peak, held)
+		}
+	}
+	return peak
 }
 
 // post starts the receive of p's next message, if any, into a buffer of
@@ -196,29 +288,81 @@ func (x *Executor) post(p *peer, n int) {
 		p.work = nil
 		return
 	}
-	p.buf = make([]float32, n)
+	p.buf = x.take(n)
+	x.hold(1)
 	p.work = x.group.RecvAsync(ctx, comm.F32(p.buf), p.rank)
 }
 
+// take returns a free transfer buffer of n elements, allocating one only
+// when every buffer is in use (after taking back those of the finished
+// sends).
+func (x *Executor) take(n int) []float32 {
+	x.reap(false)
+	for len(x.pool) > 0 {
+		b := x.pool[len(x.pool)-1]
+		x.pool = x.pool[:len(x.pool)-1]
+		if len(b) == n {
+			return b
+		}
+		x.buffers-- // another size (an evaluation pass): let it go
+	}
+	x.buffers++
+	return make([]float32, n)
+}
+
+// give returns a transfer buffer to the pool.
+func (x *Executor) give(b []float32) { x.pool = append(x.pool, b) }
+
+// hold counts buffers entering (d > 0) or leaving the receive side.
+func (x *Executor) hold(d int) {
+	x.held += d
+	x.heldMax = max(x.heldMax, x.held)
+}
+
+// reap takes back the buffers of the sends that finished (with wait, of
+// every send), in issue order.
+func (x *Executor) reap(wait bool) {
+	n := 0
+	for _, s := range x.sends {
+		if !wait && !finished(s.work) {
+			break
+		}
+		x.sendErr = errors.Join(x.sendErr, s.work.Wait())
+		x.give(s.buf)
+		n++
+	}
+	x.sends = x.sends[:copy(x.sends, x.sends[n:])]
+}
+
+func finished(w *comm.Work) bool {
+	select {
+	case <-w.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+// Buffers returns the transfer buffers allocated so far and the most of
+// them held at once by posted receives, the mailbox and the message being
+// consumed (the rest are sends in flight).
+func (x *Executor) Buffers() (allocated, heldMax int) { return x.buffers, x.heldMax }
+
 // recv returns the message k, receiving (in each sender's order) until it
-// arrives.
+// arrives; the caller consumes it and hands the buffer to done.
 func (x *Executor) recv(peers map[int]*peer, k msgKey, n int) ([]float32, error) {
 	if b, ok := x.mail[k]; ok {
 		delete(x.mail, k)
 		return b, nil
 	}
-	from := k.stage - 1
-	if k.grad {
-		from = k.stage + 1
-	}
-	p := peers[x.Sched.StageRank[from]]
+	p := peers[x.Sched.sender(k)]
 	for p != nil && p.work != nil {
 		if err := p.work.Wait(); err != nil {
 			return nil, fmt.Errorf("pipeline: receiving from rank %d: %w", p.rank, err)
 		}
 		got, b := p.queue[p.pos], p.buf
 		p.pos++
-		x.post(p, n)
+		x.post(p, n) // the next receive takes a buffer before b is consumed
 		if got == k {
 			return b, nil
 		}
@@ -227,14 +371,24 @@ func (x *Executor) recv(peers map[int]*peer, k msgKey, n int) ([]float32, error)
 	return nil, fmt.Errorf("pipeline: rank %d never receives %+v", x.Rank, k)
 }
 
-// send hands data to the stage of k, on this rank or another.
-func (x *Executor) send(k msgKey, data []float32) {
+// done gives back the buffer of a consumed message.
+func (x *Executor) done(b []float32) {
+	x.hold(-1)
+	x.give(b)
+}
+
+// send hands t's contents to the stage of k, on this rank (into the
+// mailbox) or another.
+func (x *Executor) send(k msgKey, t backend.Tensor) {
+	data := x.take(t.Len)
+	x.be.Download(data, t)
 	to := x.Sched.StageRank[k.stage]
 	if to == x.Rank {
+		x.hold(1)
 		x.mail[k] = data
 		return
 	}
-	x.sends = append(x.sends, x.group.SendAsync(ctx, comm.F32(data), to))
+	x.sends = append(x.sends, sent{x.group.SendAsync(ctx, comm.F32(data), to), data})
 }
 
 // ForwardOnly is the action lists of an evaluation pass over the
@@ -288,6 +442,7 @@ func (x *Executor) Run(actions [][]Action, inputs, labels []int32, per int, scal
 					return 0, err
 				}
 				x.be.Upload(set.Input(), in)
+				x.done(in)
 			}
 			t0, span := time.Now(), trace.BeginAction("F", s, mb)
 			err = set.Forward(inputs[mb*per:(mb+1)*per], labels[mb*per:(mb+1)*per])
@@ -299,9 +454,7 @@ func (x *Executor) Run(actions [][]Action, inputs, labels []int32, per int, scal
 			if s == S-1 {
 				lossSum += set.LossSum()
 			} else {
-				out := make([]float32, set.Output().Len)
-				x.be.Download(out, set.Output())
-				x.send(msgKey{false, s + 1, mb}, out)
+				x.send(msgKey{false, s + 1, mb}, set.Output())
 			}
 			if !train {
 				x.release(s, mb)
@@ -314,6 +467,7 @@ func (x *Executor) Run(actions [][]Action, inputs, labels []int32, per int, scal
 					return 0, err
 				}
 				x.be.Upload(set.GradOutput(), g)
+				x.done(g)
 			}
 			t0, span := time.Now(), trace.BeginAction(a.Kind.String(), s, mb)
 			var err error
@@ -328,9 +482,7 @@ func (x *Executor) Run(actions [][]Action, inputs, labels []int32, per int, scal
 				return 0, err
 			}
 			if s > 0 {
-				g := make([]float32, set.GradInput().Len)
-				x.be.Download(g, set.GradInput())
-				x.send(msgKey{true, s - 1, mb}, g)
+				x.send(msgKey{true, s - 1, mb}, set.GradInput())
 			}
 			if a.Kind == Backward {
 				x.release(s, mb)
@@ -346,13 +498,14 @@ func (x *Executor) Run(actions [][]Action, inputs, labels []int32, per int, scal
 			x.release(s, mb)
 		}
 	}
-	var err error
-	for _, w := range x.sends {
-		err = errors.Join(err, w.Wait())
-	}
-	x.sends = x.sends[:0]
+	x.reap(true)
+	err := x.sendErr
+	x.sendErr = nil
 	if len(x.mail) != 0 {
 		err = errors.Join(err, fmt.Errorf("pipeline: rank %d has %d undelivered messages", x.Rank, len(x.mail)))
+		for _, b := range x.mail {
+			x.done(b)
+		}
 		clear(x.mail)
 	}
 	x.stats.Wall += time.Since(start)

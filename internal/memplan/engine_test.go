@@ -1,0 +1,143 @@
+package memplan_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/titan-go/titan/internal/backend"
+	"github.com/titan-go/titan/internal/backend/cpu"
+	"github.com/titan-go/titan/internal/comm"
+	"github.com/titan-go/titan/internal/memplan"
+	"github.com/titan-go/titan/internal/mesh"
+	"github.com/titan-go/titan/internal/model"
+	"github.com/titan-go/titan/internal/model/llama"
+	"github.com/titan-go/titan/internal/parallel"
+	"github.com/titan-go/titan/internal/parallel/fsdp"
+)
+
+// TestEstimateIsTheEnginesAccounting runs one training step of the debug
+// model's shapes on in-process ranks under each layout and precision and
+// checks memplan's estimate, part by part, against what the engine
+// allocated: the parameter and gradient shards, the activations the
+// model planned (ring attention's and the pipeline's sets included), and
+// FSDP's unit buffers with its bfloat16 copies under mixed precision
+// (fsdp.Runtime.BufferBytes, the trainer's accounting).
+func TestEstimateIsTheEnginesAccounting(t *testing.T) {
+	cfg, err := llama.Flavor("debug")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const B, T = 2, 64
+	for _, tc := range []struct {
+		name          string
+		d             memplan.Degrees
+		sched         string
+		param, reduce bool
+	}{
+		{"one", memplan.Degrees{}, "", false, false},
+		{"one bf16", memplan.Degrees{}, "", true, false},
+		{"FSDP2", memplan.Degrees{DPShard: 2}, "", false, false},
+		{"FSDP2 bf16", memplan.Degrees{DPShard: 2}, "", true, false},
+		{"FSDP2 bf16 reduce bf16", memplan.Degrees{DPShard: 2}, "", true, true},
+		{"DDP2 bf16 reduce bf16", memplan.Degrees{DPReplicate: 2}, "", true, true},
+		{"CP2", memplan.Degrees{CP: 2}, "", false, false},
+		{"TP2", memplan.Degrees{TP: 2}, "", false, false},
+		{"PP2 Interleaved1F1B", memplan.Degrees{PP: 2}, "Interleaved1F1B", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			plan := memplan.Plan{Model: cfg, Batch: B, SeqLen: T, MicrobatchRows: 1, Degrees: tc.d, Reshard: "default",
+				Precision: memplan.Precision{ParamBF16: tc.param, ReduceBF16: tc.reduce}}
+			if tc.d.PP > 1 {
+				plan.Pipeline = &parallel.PipelineSettings{Schedule: tc.sched, MicrobatchSize: 1}
+			}
+			want, err := memplan.Estimate(plan)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := want.Plan.Degrees
+			pp, err := want.Plan.ResolvePipeline()
+			if err != nil {
+				t.Fatal(err)
+			}
+			ranks := d.World()
+			mems := make([]parallel.Memory, ranks)
+			errs := make([]error, ranks)
+			st := comm.NewMemStore()
+			var wg sync.WaitGroup
+			for r := range ranks {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					mems[r], errs[r] = step(st, r, ranks, cfg, d, pp, B, T, tc.param, tc.reduce)
+				}()
+			}
+			wg.Wait()
+			var got parallel.Memory
+			for r, err := range errs {
+				if err != nil {
+					t.Fatalf("rank %d: %v", r, err)
+				}
+				m := mems[r]
+				if m.StateBytes+m.ActivationBytes+m.UnitBufferBytes > got.StateBytes+got.ActivationBytes+got.UnitBufferBytes {
+					got = m
+				}
+			}
+			for _, p := range []struct {
+				what      string
+				got, want int64
+			}{
+				{"parameter and gradient shards", got.StateBytes, want.Params + want.Grads},
+				{"activations", got.ActivationBytes, want.Activations},
+				{"FSDP unit buffers", got.UnitBufferBytes, want.FSDPBuffers},
+			} {
+				if p.got != p.want {
+					t.Errorf("%s: the engine holds %d bytes, memplan estimates %d", p.what, p.got, p.want)
+				}
+				t.Logf("%s: %d bytes", p.what, p.got)
+			}
+		})
+	}
+}
+
+// step builds rank r's engine, runs one forward and backward and returns
+// its memory accounting.
+func step(st comm.Store, r, ranks int, cfg llama.Config, d memplan.Degrees, pp parallel.PipelinePlan, B, T int, param, reduce bool) (parallel.Memory, error) {
+	world, err := comm.NewWorld(context.Background(), st, r, ranks, comm.Options{})
+	if err != nil {
+		return parallel.Memory{}, err
+	}
+	defer world.Close()
+	m, err := mesh.New(ranks, mesh.Degrees{PP: d.PP, DPReplicate: d.DPReplicate, DPShard: d.DPShard, CP: d.CP, TP: d.TP})
+	if err != nil {
+		return parallel.Memory{}, err
+	}
+	g, err := parallel.NewGroups(world, m, r)
+	if err != nil {
+		return parallel.Memory{}, err
+	}
+	be := cpu.New(1)
+	defer be.Close()
+	o := parallel.Options{Pipeline: pp, T: T, Reshard: fsdp.ReshardDefault, Precision: model.Precision{Param: backend.Float32}, Reduce: backend.Float32}
+	if param {
+		o.Precision.Param = backend.BFloat16
+	}
+	if reduce {
+		o.Reduce = backend.BFloat16
+	}
+	eng, err := parallel.New(be, llama.Family{Cfg: cfg}, g, o)
+	if err != nil {
+		return parallel.Memory{}, err
+	}
+	eng.Init(1)
+	n := B * T // this data rank's tokens
+	in, lab := make([]int32, n), make([]int32, n)
+	for i := range in {
+		in[i], lab[i] = int32((i*7+r)%cfg.VocabSize), int32((i*5+3)%cfg.VocabSize)
+	}
+	if _, err := eng.ForwardBackward(in, lab, 1, 1/float32(n)); err != nil {
+		return parallel.Memory{}, fmt.Errorf("step: %w", err)
+	}
+	return eng.Memory(), nil
+}
