@@ -443,11 +443,14 @@ func estimatePipeline(plan Plan) (Report, error) {
 			if v.err != nil {
 				return Report{}, v.err
 			}
-			a := v.act
+			// Each set keeps its microbatch's activations (and a split
+			// backward's output gradients); the scratch is the stage's,
+			// shared by its sets.
+			a := v.act - v.shared
 			if split {
 				a += v.split
 			}
-			act += int64(peak[s]) * a
+			act += int64(peak[s])*a + v.shared
 			comm += int64(peak[s]) * v.own
 			staging = max(staging, v.staging)
 		}
@@ -533,15 +536,17 @@ func stageActivations(plan Plan, rows int, stage model.StageSpec) plannedVal {
 // precision.
 func (v plannedVal) scale(p Precision) plannedVal {
 	f := func(n int64) int64 { return n / bytesPerFloat * p.compute() }
-	v.act, v.split, v.staging, v.own = f(v.act), f(v.split), f(v.staging), f(v.own)
+	v.act, v.split, v.staging, v.own, v.shared = f(v.act), f(v.split), f(v.staging), f(v.own), f(v.shared)
 	return v
 }
 
 // activations returns the activation and communication bytes of one rank
 // of plan whose stage holds the given number of layers. The activations
 // are what the model plans for it (llama.ActivationBytesFor, the same
-// arithmetic that lays out the model's buffers), once per microbatch in
-// flight, since a pipeline stage builds one model per microbatch; under
+// arithmetic that lays out the model's buffers): what a microbatch keeps
+// from its forward to its backward once per microbatch in flight, since a
+// pipeline stage builds one model per microbatch, and the scratch its
+// passes need only while they run once (llama.SharedBytesFor); under
 // pipeline parallelism the busier of the first stage (the embedding and
 // pp microbatches in flight, 1F1B) and the last (the head, one in flight).
 // The communication buffers are the host buffers outside them
@@ -574,7 +579,7 @@ func activations(plan Plan, layers int64) (act, comm int64, err error) {
 		return 0, 0, err
 	}
 	comm = max(first.staging, last.staging) + max(inFlight*first.own, last.own) + transferBytes(plan, rows, 2)
-	return max(inFlight*first.act, last.act), comm, nil
+	return max(inFlight*(first.act-first.shared)+first.shared, last.act), comm, nil
 }
 
 // sendsInFlight is the number of the pipeline executor's sends counted
@@ -605,6 +610,7 @@ type plannedKey struct {
 
 type plannedVal struct {
 	act, split, staging, own int64
+	shared                   int64 // of act, what the sets of a stage share
 	err                      error
 }
 
@@ -625,6 +631,7 @@ func planned(c llama.Config, rows, T int, lp llama.Plan) (v plannedVal) {
 		return v.(plannedVal)
 	}
 	if v.act, v.err = llama.ActivationBytesFor(c, rows, T, lp); v.err == nil {
+		v.shared, _ = llama.SharedBytesFor(c, rows, T, lp)
 		if v.split, v.err = llama.SplitBytesFor(c, rows, T, lp); v.err == nil {
 			v.staging, v.own, v.err = llama.HostBytesFor(c, rows, T, lp)
 		}
