@@ -22,10 +22,13 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/config"
+	"github.com/titan-go/titan/internal/float8"
 	"github.com/titan-go/titan/internal/model"
 	"github.com/titan-go/titan/internal/model/llama"
 	"github.com/titan-go/titan/internal/parallel"
+	"github.com/titan-go/titan/internal/parallel/fsdp"
 )
 
 // bytesPerFloat is the size of one stored element: titan keeps
@@ -49,6 +52,11 @@ type Precision struct {
 	// bfloat16 receive buffer of every gathered-unit buffer, and with
 	// ReduceBF16 that of every unit gradient buffer.
 	ParamBF16, ReduceBF16 bool
+	// Float8 is the float8 linear layers (model.converters "float8" and
+	// [float8]; nil: none). With its FSDP all-gather under sharding, fsdp
+	// pairs each gathered-unit buffer that serves a float8 unit with a
+	// receive buffer for the e4m3 all-gather (fsdp.Float8ReceiveBytes).
+	Float8 *float8.Config
 }
 
 func (p Precision) state() int64   { return int64(cmp0(p.State, bytesPerFloat)) }
@@ -175,6 +183,9 @@ func FromJob(job *config.Job, world int) (Plan, error) {
 		Degrees:        d, Reshard: p.FSDPReshardAfterForward,
 		Checkpoint: Checkpoint{Mode: job.ActivationCheckpoint.Mode, Option: job.ActivationCheckpoint.SelectiveACOption},
 		Precision:  Precision{ParamBF16: job.Training.MixedPrecisionParam == "bfloat16", ReduceBF16: job.Training.MixedPrecisionReduce == "bfloat16"},
+	}
+	if plan.Precision.Float8, err = job.Float8Config(); err != nil {
+		return Plan{}, fmt.Errorf("memplan: float8.recipe_name: %w", err)
 	}
 	if d.PP > 1 {
 		plan.Pipeline = &parallel.PipelineSettings{
@@ -334,7 +345,14 @@ func Estimate(plan Plan) (Report, error) {
 		// vocabulary units.
 		units = append(units, max(embed, head))
 	}
-	r := stateReport(plan, units)
+	var f8 float8Gather
+	if d.PP == 1 {
+		var err error
+		if f8, err = float8Gathers(plan, plan.Batch, []*llama.StageSpec{nil}); err != nil {
+			return Report{}, err
+		}
+	}
+	r := stateReport(plan, units, f8)
 	act, comm, err := activations(plan, layers)
 	if err != nil {
 		return Report{}, err
@@ -358,9 +376,55 @@ func unitSizes(plan Plan) (embed, layer, head int64) {
 	return embed, layer, head
 }
 
+// float8Gather is what the float8 all-gather adds to a rank's FSDP
+// buffers: the bytes of one receive buffer and the units with float8
+// weights (each gathered-unit buffer that serves one gets a receive
+// buffer).
+type float8Gather struct{ recv, units int64 }
+
+// float8Gathers returns the float8 all-gather of a rank holding the
+// parts planned for specs (nil: the whole model) with batches of rows:
+// the zero value without it.
+func float8Gathers(plan Plan, rows int, specs []*llama.StageSpec) (float8Gather, error) {
+	f8 := plan.Precision.Float8
+	parts := plan.Degrees.ShardGroup()
+	if f8 == nil || !f8.FSDPAllGather || parts == 1 {
+		return float8Gather{}, nil
+	}
+	lp := llamaPlan(plan, nil)
+	lp.Precision.Float8 = f8
+	var units []fsdp.Range
+	var weights [][]fsdp.Range
+	var g float8Gather
+	for _, spec := range specs {
+		lp.Stage = spec
+		us, ws, err := llama.Float8UnitsFor(plan.Model, rows, plan.SeqLen, lp)
+		if err != nil {
+			return g, fmt.Errorf("memplan: %w", err)
+		}
+		for u, unit := range us {
+			var w []fsdp.Range
+			for _, r := range ws[u] {
+				w = append(w, fsdp.Range{Lo: r.Lo, Hi: r.Hi})
+			}
+			if len(w) > 0 {
+				g.units++
+			}
+			units, weights = append(units, fsdp.Range{Lo: unit.Lo, Hi: unit.Hi}), append(weights, w)
+		}
+	}
+	param := backend.Float32
+	if plan.Precision.ParamBF16 {
+		param = backend.BFloat16
+	}
+	g.recv = fsdp.Float8ReceiveBytes(units, weights, parts, param)
+	return g, nil
+}
+
 // stateReport returns the parameters, gradients, optimizer state and
-// FSDP buffers of a rank holding units (elements each).
-func stateReport(plan Plan, units []int64) Report {
+// FSDP buffers of a rank holding units (elements each), f8 its float8
+// all-gather.
+func stateReport(plan Plan, units []int64, f8 float8Gather) Report {
 	d := plan.Degrees
 	// FSDP shards over dp_shard × cp (torchtitan's dp_shard_cp mesh, as
 	// parallel.NewGroups builds it); without dp_shard, cp replicates.
@@ -410,6 +474,7 @@ func stateReport(plan Plan, units []int64) Report {
 	if plan.Precision.ReduceBF16 {
 		r.FSDPBuffers += gradBufs * largest * 2
 	}
+	r.FSDPBuffers += min(paramBufs, f8.units) * f8.recv
 	return r
 }
 
@@ -428,8 +493,11 @@ func estimatePipeline(plan Plan) (Report, error) {
 		var units []int64
 		peak, split := sched.ActivationSets(rank)
 		var act, comm, staging int64
+		var specs []*llama.StageSpec
 		for _, s := range sched.Stages(rank) {
 			spec := pp.Stages[s]
+			ls := llama.StageSpec(spec)
+			specs = append(specs, &ls)
 			if spec.Embedding {
 				units = append(units, embed)
 			}
@@ -454,7 +522,11 @@ func estimatePipeline(plan Plan) (Report, error) {
 			comm += int64(peak[s]) * v.own
 			staging = max(staging, v.staging)
 		}
-		r := stateReport(plan, units)
+		f8, err := float8Gathers(plan, pp.MicrobatchRows, specs)
+		if err != nil {
+			return Report{}, err
+		}
+		r := stateReport(plan, units, f8)
 		r.Activations = act
 		// The executor's transfer buffers: its receiving side's peak and
 		// the sends in flight.
