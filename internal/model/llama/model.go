@@ -39,7 +39,10 @@ type UnitHooks = model.UnitHooks
 // Model is one rank's part of a Llama 3 model (see Plan) sized for
 // batches of B sequences of T tokens. Its parameters and gradients are
 // flat buffers in LocalLayout order (Params, Grads); all activation
-// memory is planned and allocated by New.
+// memory is planned by New, which allocates what the model keeps between
+// a forward and its backward and takes the rest, its scratch, from
+// Plan.Scratch (shared with the other activation sets of its stage) or
+// allocates it too.
 type Model struct {
 	Cfg Config // the whole model's shape
 	// B and T are the rows and the full sequence length of a batch; this
