@@ -63,6 +63,12 @@
 // lr_scheduler.decay_ratio=) clears one again.
 package config
 
+import (
+	"slices"
+
+	"github.com/titan-go/titan/internal/float8"
+)
+
 // Job is a fully resolved training recipe, one field per TOML section. The
 // field names follow Go conventions; the toml and mapstructure tags carry the
 // torchtitan section and key names.
@@ -429,6 +435,21 @@ type Float8 struct {
 	// instead of one all-reduce per weight and all-gather; it needs
 	// enable_fsdp_float8_all_gather.
 	PrecomputeFloat8DynamicScaleForFSDP bool `toml:"precompute_float8_dynamic_scale_for_fsdp" mapstructure:"precompute_float8_dynamic_scale_for_fsdp"`
+}
+
+// Float8Config is the float8 conversion of the linear layers that the
+// job asks for (model.converters "float8" and [float8]); nil without it.
+func (j *Job) Float8Config() (*float8.Config, error) {
+	if !slices.Contains(j.Model.Converters, "float8") {
+		return nil, nil
+	}
+	f := j.Float8
+	r, err := float8.ParseRecipe(f.RecipeName)
+	if err != nil {
+		return nil, err
+	}
+	return &float8.Config{Recipe: r, FilterFQNs: slices.Clone(f.FilterFQNs),
+		FSDPAllGather: f.EnableFSDPFloat8AllGather, PrecomputeScales: f.PrecomputeFloat8DynamicScaleForFSDP}, nil
 }
 
 // Comm is the [comm] section: collective-communication timeouts and

@@ -9,6 +9,7 @@ import (
 	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/backend/cpu"
 	"github.com/titan-go/titan/internal/comm"
+	"github.com/titan-go/titan/internal/float8"
 	"github.com/titan-go/titan/internal/memplan"
 	"github.com/titan-go/titan/internal/mesh"
 	"github.com/titan-go/titan/internal/model"
@@ -23,7 +24,8 @@ import (
 // allocated: the parameter and gradient shards, the activations the
 // model planned (ring attention's and the pipeline's sets included), and
 // FSDP's unit buffers with its bfloat16 copies under mixed precision
-// (fsdp.Runtime.BufferBytes, the trainer's accounting).
+// and its float8 all-gather's receive buffers (fsdp.Runtime.BufferBytes,
+// the trainer's accounting).
 func TestEstimateIsTheEnginesAccounting(t *testing.T) {
 	cfg, err := llama.Flavor("debug")
 	if err != nil {
@@ -35,20 +37,23 @@ func TestEstimateIsTheEnginesAccounting(t *testing.T) {
 		d             memplan.Degrees
 		sched         string
 		param, reduce bool
+		f8            *float8.Config // model.converters float8
 	}{
-		{"one", memplan.Degrees{}, "", false, false},
-		{"one bf16", memplan.Degrees{}, "", true, false},
-		{"FSDP2", memplan.Degrees{DPShard: 2}, "", false, false},
-		{"FSDP2 bf16", memplan.Degrees{DPShard: 2}, "", true, false},
-		{"FSDP2 bf16 reduce bf16", memplan.Degrees{DPShard: 2}, "", true, true},
-		{"DDP2 bf16 reduce bf16", memplan.Degrees{DPReplicate: 2}, "", true, true},
-		{"CP2", memplan.Degrees{CP: 2}, "", false, false},
-		{"TP2", memplan.Degrees{TP: 2}, "", false, false},
-		{"PP2 Interleaved1F1B", memplan.Degrees{PP: 2}, "Interleaved1F1B", false, false},
+		{"one", memplan.Degrees{}, "", false, false, nil},
+		{"one bf16", memplan.Degrees{}, "", true, false, nil},
+		{"FSDP2", memplan.Degrees{DPShard: 2}, "", false, false, nil},
+		{"FSDP2 bf16", memplan.Degrees{DPShard: 2}, "", true, false, nil},
+		{"FSDP2 bf16 reduce bf16", memplan.Degrees{DPShard: 2}, "", true, true, nil},
+		{"FSDP2 float8 all-gather", memplan.Degrees{DPShard: 2}, "", false, false, f8Gather},
+		{"FSDP2 bf16 float8 all-gather", memplan.Degrees{DPShard: 2}, "", true, false, f8Gather},
+		{"DDP2 bf16 reduce bf16", memplan.Degrees{DPReplicate: 2}, "", true, true, nil},
+		{"CP2", memplan.Degrees{CP: 2}, "", false, false, nil},
+		{"TP2", memplan.Degrees{TP: 2}, "", false, false, nil},
+		{"PP2 Interleaved1F1B", memplan.Degrees{PP: 2}, "Interleaved1F1B", false, false, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			plan := memplan.Plan{Model: cfg, Batch: B, SeqLen: T, MicrobatchRows: 1, Degrees: tc.d, Reshard: "default",
-				Precision: memplan.Precision{ParamBF16: tc.param, ReduceBF16: tc.reduce}}
+				Precision: memplan.Precision{ParamBF16: tc.param, ReduceBF16: tc.reduce, Float8: tc.f8}}
 			if tc.d.PP > 1 {
 				plan.Pipeline = &parallel.PipelineSettings{Schedule: tc.sched, MicrobatchSize: 1}
 			}
@@ -70,7 +75,7 @@ func TestEstimateIsTheEnginesAccounting(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					mems[r], errs[r] = step(st, r, ranks, cfg, d, pp, B, T, tc.param, tc.reduce)
+					mems[r], errs[r] = step(st, r, ranks, cfg, d, pp, B, T, tc.param, tc.reduce, tc.f8)
 				}()
 			}
 			wg.Wait()
@@ -101,9 +106,13 @@ func TestEstimateIsTheEnginesAccounting(t *testing.T) {
 	}
 }
 
+// f8Gather is tensorwise float8 with its FSDP all-gather (the output
+// projection left in float32, as its logits are chunked).
+var f8Gather = &float8.Config{Recipe: float8.Tensorwise, FilterFQNs: []string{"output"}, FSDPAllGather: true}
+
 // step builds rank r's engine, runs one forward and backward and returns
 // its memory accounting.
-func step(st comm.Store, r, ranks int, cfg llama.Config, d memplan.Degrees, pp parallel.PipelinePlan, B, T int, param, reduce bool) (parallel.Memory, error) {
+func step(st comm.Store, r, ranks int, cfg llama.Config, d memplan.Degrees, pp parallel.PipelinePlan, B, T int, param, reduce bool, f8 *float8.Config) (parallel.Memory, error) {
 	world, err := comm.NewWorld(context.Background(), st, r, ranks, comm.Options{})
 	if err != nil {
 		return parallel.Memory{}, err
@@ -119,7 +128,7 @@ func step(st comm.Store, r, ranks int, cfg llama.Config, d memplan.Degrees, pp p
 	}
 	be := cpu.New(1)
 	defer be.Close()
-	o := parallel.Options{Pipeline: pp, T: T, Reshard: fsdp.ReshardDefault, Precision: model.Precision{Param: backend.Float32}, Reduce: backend.Float32}
+	o := parallel.Options{Pipeline: pp, T: T, Reshard: fsdp.ReshardDefault, Precision: model.Precision{Param: backend.Float32, Float8: f8}, Reduce: backend.Float32}
 	if param {
 		o.Precision.Param = backend.BFloat16
 	}

@@ -22,10 +22,13 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/config"
+	"github.com/titan-go/titan/internal/float8"
 	"github.com/titan-go/titan/internal/model"
 	"github.com/titan-go/titan/internal/model/llama"
 	"github.com/titan-go/titan/internal/parallel"
+	"github.com/titan-go/titan/internal/parallel/fsdp"
 )
 
 // bytesPerFloat is the size of one stored element: titan keeps
@@ -49,6 +52,11 @@ type Precision struct {
 	// bfloat16 receive buffer of every gathered-unit buffer, and with
 	// ReduceBF16 that of every unit gradient buffer.
 	ParamBF16, ReduceBF16 bool
+	// Float8 is the float8 linear layers (model.converters "float8" and
+	// [float8]; nil: none). With its FSDP all-gather under sharding, fsdp
+	// pairs each gathered-unit buffer that serves a float8 unit with a
+	// receive buffer for the e4m3 all-gather (fsdp.Float8ReceiveBytes).
+	Float8 *float8.Config
 }
 
 func (p Precision) state() int64   { return int64(cmp0(p.State, bytesPerFloat)) }
@@ -175,6 +183,9 @@ func FromJob(job *config.Job, world int) (Plan, error) {
 		Degrees:        d, Reshard: p.FSDPReshardAfterForward,
 		Checkpoint: Checkpoint{Mode: job.ActivationCheckpoint.Mode, Option: job.ActivationCheckpoint.SelectiveACOption},
 		Precision:  Precision{ParamBF16: job.Training.MixedPrecisionParam == "bfloat16", ReduceBF16: job.Training.MixedPrecisionReduce == "bfloat16"},
+	}
+	if plan.Precision.Float8, err = job.Float8Config(); err != nil {
+		return Plan{}, fmt.Errorf("memplan: float8.recipe_name: %w", err)
 	}
 	if d.PP > 1 {
 		plan.Pipeline = &parallel.PipelineSettings{
@@ -334,7 +345,14 @@ func Estimate(plan Plan) (Report, error) {
 		// vocabulary units.
 		units = append(units, max(embed, head))
 	}
-	r := stateReport(plan, units)
+	var f8 float8Gather
+	if d.PP == 1 {
+		var err error
+		if f8, err = float8Gathers(plan, plan.Batch, []*llama.StageSpec{nil}); err != nil {
+			return Report{}, err
+		}
+	}
+	r := stateReport(plan, units, f8)
 	act, comm, err := activations(plan, layers)
 	if err != nil {
 		return Report{}, err
@@ -358,9 +376,55 @@ func unitSizes(plan Plan) (embed, layer, head int64) {
 	return embed, layer, head
 }
 
+// float8Gather is what the float8 all-gather adds to a rank's FSDP
+// buffers: the bytes of one receive buffer and the units with float8
+// weights (each gathered-unit buffer that serves one gets a receive
+// buffer).
+type float8Gather struct{ recv, units int64 }
+
+// float8Gathers returns the float8 all-gather of a rank holding the
+// parts planned for specs (nil: the whole model) with batches of rows:
+// the zero value without it.
+func float8Gathers(plan Plan, rows int, specs []*llama.StageSpec) (float8Gather, error) {
+	f8 := plan.Precision.Float8
+	parts := plan.Degrees.ShardGroup()
+	if f8 == nil || !f8.FSDPAllGather || parts == 1 {
+		return float8Gather{}, nil
+	}
+	lp := llamaPlan(plan, nil)
+	lp.Precision.Float8 = f8
+	var units []fsdp.Range
+	var weights [][]fsdp.Range
+	var g float8Gather
+	for _, spec := range specs {
+		lp.Stage = spec
+		us, ws, err := llama.Float8UnitsFor(plan.Model, rows, plan.SeqLen, lp)
+		if err != nil {
+			return g, fmt.Errorf("memplan: %w", err)
+		}
+		for u, unit := range us {
+			var w []fsdp.Range
+			for _, r := range ws[u] {
+				w = append(w, fsdp.Range{Lo: r.Lo, Hi: r.Hi})
+			}
+			if len(w) > 0 {
+				g.units++
+			}
+			units, weights = append(units, fsdp.Range{Lo: unit.Lo, Hi: unit.Hi}), append(weights, w)
+		}
+	}
+	param := backend.Float32
+	if plan.Precision.ParamBF16 {
+		param = backend.BFloat16
+	}
+	g.recv = fsdp.Float8ReceiveBytes(units, weights, parts, param)
+	return g, nil
+}
+
 // stateReport returns the parameters, gradients, optimizer state and
-// FSDP buffers of a rank holding units (elements each).
-func stateReport(plan Plan, units []int64) Report {
+// FSDP buffers of a rank holding units (elements each), f8 its float8
+// all-gather.
+func stateReport(plan Plan, units []int64, f8 float8Gather) Report {
 	d := plan.Degrees
 	// FSDP shards over dp_shard × cp (torchtitan's dp_shard_cp mesh, as
 	// parallel.NewGroups builds it); without dp_shard, cp replicates.
@@ -410,6 +474,7 @@ func stateReport(plan Plan, units []int64) Report {
 	if plan.Precision.ReduceBF16 {
 		r.FSDPBuffers += gradBufs * largest * 2
 	}
+	r.FSDPBuffers += min(paramBufs, f8.units) * f8.recv
 	return r
 }
 
@@ -428,8 +493,11 @@ func estimatePipeline(plan Plan) (Report, error) {
 		var units []int64
 		peak, split := sched.ActivationSets(rank)
 		var act, comm, staging int64
+		var specs []*llama.StageSpec
 		for _, s := range sched.Stages(rank) {
 			spec := pp.Stages[s]
+			ls := llama.StageSpec(spec)
+			specs = append(specs, &ls)
 			if spec.Embedding {
 				units = append(units, embed)
 			}
@@ -443,15 +511,22 @@ func estimatePipeline(plan Plan) (Report, error) {
 			if v.err != nil {
 				return Report{}, v.err
 			}
-			a := v.act
+			// Each set keeps its microbatch's activations (and a split
+			// backward's output gradients); the scratch is the stage's,
+			// shared by its sets.
+			a := v.act - v.shared
 			if split {
 				a += v.split
 			}
-			act += int64(peak[s]) * a
+			act += int64(peak[s])*a + v.shared
 			comm += int64(peak[s]) * v.own
 			staging = max(staging, v.staging)
 		}
-		r := stateReport(plan, units)
+		f8, err := float8Gathers(plan, pp.MicrobatchRows, specs)
+		if err != nil {
+			return Report{}, err
+		}
+		r := stateReport(plan, units, f8)
 		r.Activations = act
 		// The executor's transfer buffers: its receiving side's peak and
 		// the sends in flight.
@@ -533,15 +608,17 @@ func stageActivations(plan Plan, rows int, stage model.StageSpec) plannedVal {
 // precision.
 func (v plannedVal) scale(p Precision) plannedVal {
 	f := func(n int64) int64 { return n / bytesPerFloat * p.compute() }
-	v.act, v.split, v.staging, v.own = f(v.act), f(v.split), f(v.staging), f(v.own)
+	v.act, v.split, v.staging, v.own, v.shared = f(v.act), f(v.split), f(v.staging), f(v.own), f(v.shared)
 	return v
 }
 
 // activations returns the activation and communication bytes of one rank
 // of plan whose stage holds the given number of layers. The activations
 // are what the model plans for it (llama.ActivationBytesFor, the same
-// arithmetic that lays out the model's buffers), once per microbatch in
-// flight, since a pipeline stage builds one model per microbatch; under
+// arithmetic that lays out the model's buffers): what a microbatch keeps
+// from its forward to its backward once per microbatch in flight, since a
+// pipeline stage builds one model per microbatch, and the scratch its
+// passes need only while they run once (llama.SharedBytesFor); under
 // pipeline parallelism the busier of the first stage (the embedding and
 // pp microbatches in flight, 1F1B) and the last (the head, one in flight).
 // The communication buffers are the host buffers outside them
@@ -574,7 +651,7 @@ func activations(plan Plan, layers int64) (act, comm int64, err error) {
 		return 0, 0, err
 	}
 	comm = max(first.staging, last.staging) + max(inFlight*first.own, last.own) + transferBytes(plan, rows, 2)
-	return max(inFlight*first.act, last.act), comm, nil
+	return max(inFlight*(first.act-first.shared)+first.shared, last.act), comm, nil
 }
 
 // sendsInFlight is the number of the pipeline executor's sends counted
@@ -605,6 +682,7 @@ type plannedKey struct {
 
 type plannedVal struct {
 	act, split, staging, own int64
+	shared                   int64 // of act, what the sets of a stage share
 	err                      error
 }
 
@@ -625,6 +703,7 @@ func planned(c llama.Config, rows, T int, lp llama.Plan) (v plannedVal) {
 		return v.(plannedVal)
 	}
 	if v.act, v.err = llama.ActivationBytesFor(c, rows, T, lp); v.err == nil {
+		v.shared, _ = llama.SharedBytesFor(c, rows, T, lp)
 		if v.split, v.err = llama.SplitBytesFor(c, rows, T, lp); v.err == nil {
 			v.staging, v.own, v.err = llama.HostBytesFor(c, rows, T, lp)
 		}

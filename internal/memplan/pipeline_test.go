@@ -29,7 +29,8 @@ func TestPipelineScheduleActivations(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// By hand: the larger rank total of sets × one set's bytes.
+		// By hand: the larger rank total of sets × what one set keeps,
+		// plus each stage's shared scratch once.
 		var want int64
 		for rank := range 2 {
 			peak, _ := pp.Schedule.ActivationSets(rank)
@@ -40,7 +41,11 @@ func TestPipelineScheduleActivations(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				a += int64(peak[s]) * n
+				sh, err := llama.SharedBytesFor(cfg, 1, 256, llama.Plan{Stage: &ls})
+				if err != nil || sh <= 0 || sh >= n {
+					t.Fatalf("stage %d: shared %d of %d bytes (%v)", s, sh, n, err)
+				}
+				a += int64(peak[s])*(n-sh) + sh
 			}
 			want = max(want, a)
 		}

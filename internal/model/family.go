@@ -53,6 +53,9 @@ type Placement struct {
 	Precision Precision
 	// Host, when set, is the staging memory the rank's parts share.
 	Host *HostScratch
+	// Scratch, when set, is the device memory the activation sets of the
+	// stage share (see ActivationScratch); nil: the part has its own.
+	Scratch *ActivationScratch
 }
 
 // UnitHooks are called by a part's forward and backward around each unit

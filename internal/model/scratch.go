@@ -1,5 +1,11 @@
 package model
 
+import (
+	"fmt"
+
+	"github.com/titan-go/titan/internal/backend"
+)
+
 // HostScratch is host memory that the parts of one rank share for
 // transient staging, such as the send and receive buffers of a part's
 // collectives: a rank's parts (one per microbatch in flight, and per
@@ -26,4 +32,42 @@ func (h *HostScratch) Float32s(name string, n int) []float32 {
 		h.bufs[name] = b
 	}
 	return b[:n:n]
+}
+
+// ActivationScratch is device memory that the activation sets of one
+// stage on a rank (one per microbatch in flight) share for what a pass
+// needs only while it runs: forward temporaries, recomputation buffers,
+// backward buffers and activation gradients. A rank runs one forward or
+// backward at a time, so one copy serves every set; what a microbatch
+// keeps between its forward and its backward stays in each set. The
+// first part to ask allocates it; a part that finds it holding the
+// state of another part's pass (see Claim) treats it as overwritten.
+type ActivationScratch struct {
+	buf  backend.Tensor
+	last any
+}
+
+// Take returns the scratch, n float32s on be, allocating it on the first
+// call; every later call must ask for the same n (the sets of one stage
+// plan the same shapes).
+func (s *ActivationScratch) Take(be backend.Backend, n int) (backend.Tensor, error) {
+	if s.buf.Mem == nil {
+		s.buf = be.Alloc(backend.Float32, n)
+	}
+	if s.buf.Len != n {
+		return backend.Tensor{}, fmt.Errorf("model: activation scratch of %d elements asked for %d", s.buf.Len, n)
+	}
+	return s.buf, nil
+}
+
+// Bytes is the scratch's allocated size.
+func (s *ActivationScratch) Bytes() int64 { return int64(s.buf.Len) * 4 }
+
+// Claim records that part p runs a pass on the scratch now and reports
+// whether p ran the previous one too (so that what p's last pass left in
+// the scratch is still there).
+func (s *ActivationScratch) Claim(p any) bool {
+	same := s.last == p
+	s.last = p
+	return same
 }

@@ -136,8 +136,11 @@ type engine struct {
 	eval   *pipeline.Executor // validation; x when the shapes agree
 	evalMB int                // rows of a validation microbatch
 	stages []*stage           // this rank's stages, increasing
-	rt     *fsdp.Runtime
-	repl   []model.Range // replicated ranges of the local buffer
+	// scratch is the activation scratch of each executor's stage, shared
+	// by its sets (counted once in Memory).
+	scratch []*model.ActivationScratch
+	rt      *fsdp.Runtime
+	repl    []model.Range // replicated ranges of the local buffer
 	// ties are the model's copies this rank keeps in step (see
 	// reduceCopies) and copyGrads the gradient shards of its own copies.
 	ties      []tie
@@ -230,10 +233,18 @@ func New(be backend.Backend, fam model.Family, g *Groups, o Options) (Engine, er
 		e.stages = append(e.stages, st)
 		byIndex[s] = st
 	}
+	// newSet makes an executor's activation sets; the sets of one stage
+	// share one scratch (the executor runs one pass at a time).
 	newSet := func(rows, T int) func(s int) (pipeline.Stage, error) {
+		scratch := map[int]*model.ActivationScratch{}
 		return func(s int) (pipeline.Stage, error) {
 			pl := e.pl
 			pl.Stage = pp.Stages[s]
+			if scratch[s] == nil {
+				scratch[s] = &model.ActivationScratch{}
+				e.scratch = append(e.scratch, scratch[s])
+			}
+			pl.Scratch = scratch[s]
 			p, err := fam.NewPart(be, rows, T, pl)
 			if err != nil {
 				return nil, err
@@ -724,6 +735,9 @@ func (e *engine) Memory() Memory {
 		for _, p := range st.parts {
 			act += p.ActivationBytes()
 		}
+	}
+	for _, s := range e.scratch {
+		act += s.Bytes()
 	}
 	return Memory{StateBytes: e.rt.StateBytes(), ActivationBytes: act, GatheredUnits: e.rt.GatheredBuffers(), UnitBufferBytes: e.rt.BufferBytes()}
 }

@@ -12,14 +12,12 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"slices"
 	"time"
 
 	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/comm"
 	"github.com/titan-go/titan/internal/config"
 	"github.com/titan-go/titan/internal/data"
-	"github.com/titan-go/titan/internal/float8"
 	"github.com/titan-go/titan/internal/memplan"
 	"github.com/titan-go/titan/internal/mesh"
 	"github.com/titan-go/titan/internal/metrics"
@@ -322,14 +320,9 @@ func Precision(job *config.Job) (model.Precision, backend.DType, error) {
 		return backend.Float32
 	}
 	p := model.Precision{Param: dtype(job.Training.MixedPrecisionParam)}
-	if slices.Contains(job.Model.Converters, "float8") {
-		f := job.Float8
-		r, err := float8.ParseRecipe(f.RecipeName)
-		if err != nil {
-			return p, 0, err
-		}
-		p.Float8 = &float8.Config{Recipe: r, FilterFQNs: slices.Clone(f.FilterFQNs),
-			FSDPAllGather: f.EnableFSDPFloat8AllGather, PrecomputeScales: f.PrecomputeFloat8DynamicScaleForFSDP}
+	var err error
+	if p.Float8, err = job.Float8Config(); err != nil {
+		return p, 0, err
 	}
 	return p, dtype(job.Training.MixedPrecisionReduce), nil
 }

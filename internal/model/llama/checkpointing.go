@@ -97,9 +97,10 @@ type actField struct {
 }
 
 // planActs lays out the activation sets layers (one per layer, policy
-// giving each one's policy) with next, as Model.planLayers describes;
-// fields lists the views of one set.
-func planActs[A any](policy []layerPolicy, layers []A, fields func(*A) []actField, next func(n int) backend.Tensor) {
+// giving each one's policy), as Model.carve describes: the views a layer
+// keeps for its backward with keep, the one scratch set its recomputed
+// views share with temp; fields lists the views of one set.
+func planActs[A any](policy []layerPolicy, layers []A, fields func(*A) []actField, keep, temp func(n int) backend.Tensor) {
 	var shared A
 	sharedDone := false
 	full := hasPolicy(policy, recomputeLayer)
@@ -111,7 +112,7 @@ func planActs[A any](policy []layerPolicy, layers []A, fields func(*A) []actFiel
 			// The scratch set holds whatever any policy recomputes.
 			for _, f := range fields(&shared) {
 				if full || f.cheap {
-					*f.t = next(f.n)
+					*f.t = temp(f.n)
 				}
 			}
 			sharedDone = true
@@ -126,7 +127,7 @@ func planActs[A any](policy []layerPolicy, layers []A, fields func(*A) []actFiel
 	for l, p := range policy {
 		for _, f := range fields(&layers[l]) {
 			if p == keepAll || (p == recomputeOps && !f.cheap) {
-				*f.t = next(f.n)
+				*f.t = keep(f.n)
 			}
 		}
 	}

@@ -57,7 +57,7 @@ func (f Family) NewPart(be backend.Backend, B, T int, pl model.Placement) (model
 	spec := StageSpec(pl.Stage)
 	plan := Plan{
 		TP: pl.TP, TPRank: pl.TPRank, CP: pl.CP, CPRank: pl.CPRank, Stage: &spec,
-		External: true, Checkpoint: f.Checkpoint, LogitChunk: f.LogitChunk, Precision: pl.Precision, Host: pl.Host,
+		External: true, Checkpoint: f.Checkpoint, LogitChunk: f.LogitChunk, Precision: pl.Precision, Host: pl.Host, Scratch: pl.Scratch,
 	}
 	if max(pl.TP, 1)*max(pl.CP, 1) > 1 {
 		plan.Comm = &tp.Comm{TP: pl.TPGroup, CP: pl.CPGroup}

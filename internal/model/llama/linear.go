@@ -283,6 +283,20 @@ func (m *Model) Float8Weights(u int) []Unit {
 	return rs
 }
 
+// Float8UnitsFor returns the units of the part planned for plan with
+// batches of B×T tokens and each unit's float8 weights (Float8Weights),
+// computed without allocating anything.
+func Float8UnitsFor(cfg Config, B, T int, plan Plan) (units []Unit, weights [][]Unit, err error) {
+	m, err := planModel(cfg, B, T, plan)
+	if err != nil {
+		return nil, nil, err
+	}
+	for u := range m.units {
+		weights = append(weights, m.Float8Weights(u))
+	}
+	return m.units, weights, nil
+}
+
 // BindFloat8Scales says that unit u's bound float8 weights (its
 // Float8Weights, in order) hold their e4m3 values, cast with scales: the
 // layers multiply them as they are, with those scales, until the unit's

@@ -39,7 +39,10 @@ type UnitHooks = model.UnitHooks
 // Model is one rank's part of a Llama 3 model (see Plan) sized for
 // batches of B sequences of T tokens. Its parameters and gradients are
 // flat buffers in LocalLayout order (Params, Grads); all activation
-// memory is planned and allocated by New.
+// memory is planned by New, which allocates what the model keeps between
+// a forward and its backward and takes the rest, its scratch, from
+// Plan.Scratch (shared with the other activation sets of its stage) or
+// allocates it too.
 type Model struct {
 	Cfg Config // the whole model's shape
 	// B and T are the rows and the full sequence length of a batch; this
@@ -90,7 +93,7 @@ type Model struct {
 	numTargets       int
 	lossSum          float64
 	haveTargets      bool
-	activationsN     int
+	keptN, tempN     int // activation floats kept per set, and of the shared scratch
 	scratchLayer     int // layer whose activations the shared scratch set holds; -1: none
 	recomputed       int // layer recomputations so far (for tests)
 	// douts and pending are a split backward's kept output gradients and
@@ -120,13 +123,18 @@ func New(be backend.Backend, cfg Config, B, T int, plan Plan) (*Model, error) {
 		m.Params, m.Grads = be.Alloc(backend.Float32, n), be.Alloc(backend.Float32, n)
 		m.Bind(m.Params, m.Grads)
 	}
-	acts := be.Alloc(backend.Float32, m.activationsN)
-	off := 0
-	m.carve(func(n int) backend.Tensor {
-		t := acts.Slice(off, n)
-		off += n
-		return t
-	})
+	var kept, temp backend.Tensor
+	if m.keptN > 0 {
+		kept = be.Alloc(backend.Float32, m.keptN)
+	}
+	if plan.Scratch != nil {
+		if temp, err = plan.Scratch.Take(be, m.tempN); err != nil {
+			return nil, fmt.Errorf("llama: %w", err)
+		}
+	} else {
+		temp = be.Alloc(backend.Float32, m.tempN)
+	}
+	m.carve(slicer(kept), slicer(temp))
 	cos, sin := cfg.RoPETables(T)
 	m.cos, m.sin = be.Alloc(backend.Float32, len(cos)), be.Alloc(backend.Float32, len(sin))
 	be.Upload(m.cos, cos)
@@ -137,6 +145,16 @@ func New(be backend.Backend, cfg Config, B, T int, plan Plan) (*Model, error) {
 	h := plan.Host
 	m.hLoss, m.hN, m.hn, m.ring = make([]float32, m.N), h.Float32s("llama.seq.all", hN), h.Float32s("llama.seq.own", hn), h.Float32s("llama.ring", ring)
 	return m, nil
+}
+
+// slicer returns a function that cuts consecutive views out of t.
+func slicer(t backend.Tensor) func(n int) backend.Tensor {
+	off := 0
+	return func(n int) backend.Tensor {
+		v := t.Slice(off, n)
+		off += n
+		return v
+	}
 }
 
 // hostLens are the lengths of the host staging buffers: the sequence-
@@ -164,13 +182,27 @@ func HostBytesFor(cfg Config, B, T int, plan Plan) (staging, own int64, err erro
 }
 
 // ActivationBytesFor is the activation memory (bytes) that New plans for
-// plan with batches of B×T tokens, computed without allocating it.
+// plan with batches of B×T tokens, computed without allocating it: what
+// the model keeps between a forward and its backward and its scratch
+// (SharedBytesFor of it), which models sharing a Plan.Scratch share.
 func ActivationBytesFor(cfg Config, B, T int, plan Plan) (int64, error) {
 	m, err := planModel(cfg, B, T, plan)
 	if err != nil {
 		return 0, err
 	}
-	return m.ActivationBytes(), nil
+	return int64(m.keptN+m.tempN) * 4, nil
+}
+
+// SharedBytesFor is the part of ActivationBytesFor that a pass needs only
+// while it runs (forward temporaries, the recomputed layers' scratch set,
+// backward buffers and activation gradients, a stage's output), which
+// the models sharing a Plan.Scratch hold once.
+func SharedBytesFor(cfg Config, B, T int, plan Plan) (int64, error) {
+	m, err := planModel(cfg, B, T, plan)
+	if err != nil {
+		return 0, err
+	}
+	return int64(m.tempN) * 4, nil
 }
 
 // SplitBytesFor is the memory (bytes) that ReserveSplit adds to a part
@@ -252,35 +284,54 @@ func planModel(cfg Config, B, T int, plan Plan) (*Model, error) {
 		return nil, err
 	}
 	m.carve(func(n int) backend.Tensor {
-		m.activationsN += n
+		m.keptN += n
+		return backend.Tensor{}
+	}, func(n int) backend.Tensor {
+		m.tempN += n
 		return backend.Tensor{}
 	})
 	return m, nil
 }
 
-// carve lays every activation view out in a fixed plan, taking each
-// from next in turn.
-func (m *Model) carve(next func(n int) backend.Tensor) {
+// carve lays every activation view out in a fixed plan, taking what a
+// microbatch keeps from its forward to its backward from keep (the
+// layers' kept activations under the checkpointing policy, their inputs,
+// the head's norm output, statistics and a single logit chunk) and what
+// a pass needs only while it runs from temp (the recomputed layers'
+// scratch set, forward temporaries, a stage's output, the backward's
+// buffers and activation gradients).
+func (m *Model) carve(keep, temp func(n int) backend.Tensor) {
 	N, n, D := m.N, m.n, m.Cfg.Dim
+	head := temp // what only the head's backward reads
+	if m.Spec.Head {
+		head = keep
+	}
 	m.layers = make([]layerActs, m.nLayers)
-	planActs(m.policy, m.layers, m.actFields, next)
+	planActs(m.policy, m.layers, m.actFields, keep, temp)
 	m.resid = make([]backend.Tensor, m.nLayers+1)
-	for l := range m.resid {
-		m.resid[l] = next(n * D)
+	for l := range m.nLayers {
+		m.resid[l] = keep(n * D)
 	}
-	m.final, m.rstd = next(n*D), next(n)
-	m.xfin = m.final
-	if m.tp() > 1 {
-		m.xfin, m.seq = next(N*D), next(n*D)
+	m.resid[m.nLayers] = head(n * D) // the final norm's input, or the stage's output
+	m.rstd = head(n)
+	if m.tp() == 1 {
+		m.final = head(n * D)
+		m.xfin = m.final
+	} else {
+		m.final, m.xfin, m.seq = temp(n*D), head(N*D), temp(n*D)
 	}
-	m.logits, m.stats, m.losses = next(N*m.chunk), next(N*3), next(N)
-	m.full, m.dres = next(N*D), next(n*D)
-	m.dq, m.dk, m.dv, m.dat = next(N*m.nq), next(N*m.nkvd), next(N*m.nkvd), next(N*m.nq)
-	m.dqr, m.dkr = next(N*m.nq), next(N*m.nkvd)
-	m.dh1, m.dh3, m.dhs = next(N*m.f), next(N*m.f), next(N*m.f)
+	logits := temp // recomputed chunk by chunk in the backward
+	if m.chunk == m.nv {
+		logits = head
+	}
+	m.logits, m.stats, m.losses = logits(N*m.chunk), head(N*3), temp(N)
+	m.full, m.dres = temp(N*D), temp(n*D)
+	m.dq, m.dk, m.dv, m.dat = temp(N*m.nq), temp(N*m.nkvd), temp(N*m.nkvd), temp(N*m.nq)
+	m.dqr, m.dkr = temp(N*m.nq), temp(N*m.nkvd)
+	m.dh1, m.dh3, m.dhs = temp(N*m.f), temp(N*m.f), temp(N*m.f)
 	if m.cp() > 1 {
-		m.rk, m.rv, m.rdk, m.rdv = next(N*m.nkvd), next(N*m.nkvd), next(N*m.nkvd), next(N*m.nkvd)
-		m.tOut, m.tLse = next(m.cchunk*m.nq), next(m.nh*m.cchunk)
+		m.rk, m.rv, m.rdk, m.rdv = temp(N*m.nkvd), temp(N*m.nkvd), temp(N*m.nkvd), temp(N*m.nkvd)
+		m.tOut, m.tLse = temp(m.cchunk*m.nq), temp(m.nh*m.cchunk)
 	}
 }
 
@@ -344,17 +395,32 @@ func (m *Model) Replicated() []Unit {
 	return rs
 }
 
-// ActivationBytes is the size of the planned activation memory: every
-// layer's kept activations, the shared scratch set of the recomputed ones
-// (see ActivationCheckpoint), the residual streams, the logits chunk and
-// the activation gradients, and the output gradients a split backward
-// keeps once one ran.
+// ActivationBytes is the size of the activation memory the model
+// allocated: every layer's kept activations and inputs, the head's, and
+// the output gradients a split backward keeps once one ran; and, unless
+// it shares them through Plan.Scratch (whose owner counts them once,
+// ActivationScratch.Bytes), the scratch set of the recomputed layers
+// (see ActivationCheckpoint), the temporaries and the activation
+// gradients.
 func (m *Model) ActivationBytes() int64 {
-	n := int64(m.activationsN)
+	n := int64(m.keptN)
+	if m.Scratch == nil {
+		n += int64(m.tempN)
+	}
 	for _, o := range m.douts {
 		n += int64(o.ffnOut.Len + o.h1.Len + o.h3.Len + o.attnOut.Len + o.qr.Len + o.kr.Len + o.v.Len)
 	}
 	return n * 4
+}
+
+// claim starts a pass on the activation scratch: when it is shared and
+// another model ran a pass on it since this one's last, the recomputed
+// layer this model left there is gone. (BackwardWeight needs no claim: it
+// reads kept memory only, since a split backward keeps every activation.)
+func (m *Model) claim() {
+	if m.Scratch != nil && !m.Scratch.Claim(m) {
+		m.scratchLayer = -1
+	}
 }
 
 // unit indices of the embedding, of local layer l and of the head.
@@ -417,6 +483,7 @@ func (m *Model) Forward(tokens, targets []int32) (float32, error) {
 	cfg, be := m.Cfg, m.be
 	N, D := m.N, cfg.Dim
 	m.haveTargets, m.lossSum = false, 0
+	m.claim()
 	if m.Spec.Embedding {
 		if len(tokens) != N {
 			return 0, fmt.Errorf("llama: forward needs %d tokens, got %d", N, len(tokens))
@@ -748,6 +815,7 @@ func (m *Model) backward(lossScale float32, split bool) error {
 			return fmt.Errorf("llama: backward before the weight gradients of the previous one")
 		}
 	}
+	m.claim()
 	if split {
 		m.ReserveSplit()
 		if m.pending == nil {

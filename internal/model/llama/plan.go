@@ -32,6 +32,11 @@ type Plan struct {
 	// (see HostBytesFor), shared with the rank's other models, which
 	// must not compute at the same time; nil: the model's own.
 	Host *model.HostScratch
+	// Scratch, when set, holds the activation memory a pass needs only
+	// while it runs (see SharedBytesFor), shared with the other models of
+	// the same plan and shape on the rank, which must not compute at the
+	// same time; nil: the model's own.
+	Scratch *model.ActivationScratch
 	// Stage, when set, restricts the model to one pipeline stage.
 	Stage *StageSpec
 	// LogitChunk bounds how many columns of this rank's vocabulary have

@@ -107,25 +107,59 @@ func (r *Runtime) planFloat8(c Config) error {
 		if !r.f8all || len(ws) == 0 || r.shard == nil {
 			continue
 		}
-		maxBytes := 0
-		for k := 0; k < parts; k++ {
-			lo, hi := comm.ChunkBounds(unit.Len(), parts, k)
-			segs := cut(lo, hi, p.weights)
-			b := 0
-			for _, s := range segs {
-				if s.w >= 0 {
-					b += s.hi - s.lo
-				} else {
-					b += (s.hi - s.lo) * esize
-				}
-			}
-			maxBytes = max(maxBytes, b)
-			p.chunks = append(p.chunks, segs)
-		}
-		p.part = (maxBytes + 1) / 2
+		p.chunks, p.part = float8Chunks(unit.Len(), p.weights, parts, esize)
 		r.f8recv = max(r.f8recv, p.part*parts)
 	}
 	return nil
+}
+
+// float8Chunks cuts a unit of n elements with float8 weights (unit-
+// relative ranges, in order) into the chunks of parts ranks, each into
+// runs, and returns the uint16 elements of each rank's part of the
+// all-gather: its float8 bytes and its other elements at esize bytes,
+// rounded up to whole uint16s, for the largest chunk.
+func float8Chunks(n int, weights []Range, parts, esize int) (chunks [][]seg, part int) {
+	maxBytes := 0
+	for k := 0; k < parts; k++ {
+		lo, hi := comm.ChunkBounds(n, parts, k)
+		segs := cut(lo, hi, weights)
+		b := 0
+		for _, s := range segs {
+			if s.w >= 0 {
+				b += s.hi - s.lo
+			} else {
+				b += (s.hi - s.lo) * esize
+			}
+		}
+		maxBytes = max(maxBytes, b)
+		chunks = append(chunks, segs)
+	}
+	return chunks, (maxBytes + 1) / 2
+}
+
+// Float8ReceiveBytes is the size of the float8 all-gather's receive
+// buffer that a runtime sharding units over parts ranks with the float8
+// weights float8 (Config.Float8, in the units' frame) pairs with each of
+// its gathered-unit buffers (see BufferBytes; param is the parameter
+// dtype): the largest float8 unit's parts. Zero without float8 weights.
+func Float8ReceiveBytes(units []Range, float8 [][]Range, parts int, param backend.DType) int64 {
+	esize := 4
+	if param == backend.BFloat16 {
+		esize = 2
+	}
+	recv := 0
+	for u, unit := range units {
+		if u >= len(float8) || len(float8[u]) == 0 {
+			continue
+		}
+		ws := make([]Range, len(float8[u]))
+		for i, w := range float8[u] {
+			ws[i] = Range{w.Lo - unit.Lo, w.Hi - unit.Lo}
+		}
+		_, part := float8Chunks(unit.Len(), ws, parts, esize)
+		recv = max(recv, part*parts)
+	}
+	return int64(recv) * 2
 }
 
 // cut splits [lo, hi) into runs inside and outside the weights.
