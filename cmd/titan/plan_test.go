@@ -73,6 +73,13 @@ func TestPlanCalibrateThisMachine(t *testing.T) {
 	if out, err := titan(t, "plan", "--calibrate", "--calibration", cal, "--calibrate-nproc", "2"); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
+	// The in-step probe ran: a training step's rate against the kernels'.
+	var written struct {
+		InStep float64 `json:"in_step_factor"`
+	}
+	if data, err := os.ReadFile(cal); err != nil || json.Unmarshal(data, &written) != nil || !(written.InStep > 0) {
+		t.Errorf("calibration %s: in_step_factor %g (%v)", cal, written.InStep, err)
+	}
 	out, err := titan(t, "plan", "--recipe", "../../recipes/llama3_debug.toml", "--cluster", "this", "--calibration", cal, "--world", "2",
 		"--set", "parallelism.tensor_parallel_degree=2", "--set", "parallelism.data_parallel_shard_degree=1")
 	if err != nil {

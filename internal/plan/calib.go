@@ -48,6 +48,10 @@ type Calibration struct {
 	// process's runtime, data and binary on a CPU).
 	MemoryFactor float64 `json:"memory_factor"`
 	MemoryBase   float64 `json:"memory_base_bytes"`
+	// InStep, on a CPU host, is how much slower a training step ran than
+	// the kernels' rates alone predicted (measureInStep); the compute
+	// efficiencies above are already divided by it (0: not measured).
+	InStep float64 `json:"in_step_factor,omitempty"`
 	// Created is when the calibration was made (RFC 3339).
 	Created string `json:"created,omitempty"`
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/backend/cpu"
 	"github.com/titan-go/titan/internal/cluster"
+	"github.com/titan-go/titan/internal/config"
 	"github.com/titan-go/titan/internal/memplan"
 	"github.com/titan-go/titan/internal/model/llama"
 )
@@ -44,9 +45,10 @@ type CalibrateOptions struct {
 // worker processes (titan bench comm: allreduce, all_gather and
 // reduce_scatter at a small and a large size for each process count)
 // and how a titan train process's memory relates to memplan's estimate
-// (two 2-step runs of the tiny_bench model, see measureMemory), and
-// returns them as a
-// calibration for cluster c.
+// (two 2-step runs of the tiny_bench model, see measureMemory); a short
+// one-process run of the tiny_bench model then scales the kernels'
+// efficiencies to what they reach inside a training step
+// (measureInStep). It returns them as a calibration for cluster c.
 func CalibrateCPU(ctx context.Context, c cluster.Cluster, o CalibrateOptions) (Calibration, error) {
 	if !c.CPU() {
 		return Calibration{}, fmt.Errorf("plan: --calibrate measures this machine; cluster %s is not a CPU host (GPU calibrations come from the published reference row)", c.Name)
@@ -106,7 +108,81 @@ func CalibrateCPU(ctx context.Context, c cluster.Cluster, o CalibrateOptions) (C
 	}
 	cal.MemoryFactor, cal.MemoryBase = factor, base
 	logf("process memory: %.3f × memplan's estimate + %s", factor, memplan.Human(int64(base)))
+	inStep, predicted, measured, err := measureInStep(ctx, o.Exe, c, cal)
+	if err != nil {
+		return cal, err
+	}
+	cal.Matmul, cal.Attention, cal.Elementwise = cal.Matmul/inStep, cal.Attention/inStep, cal.Elementwise/inStep
+	cal.MatmulBF16, cal.AttentionBF16 = cal.MatmulBF16/inStep, cal.AttentionBF16/inStep
+	cal.InStep = inStep
+	logf("in a training step (tiny_bench, 1 process, %d steps): %.0f tokens/s against %.0f from the kernels alone: compute efficiencies divided by %.3f", stepProbeSteps, measured, predicted, inStep)
 	return cal, cal.Validate()
+}
+
+// stepProbeSteps is the length of measureInStep's run, logged every 4
+// steps (the first window holds start-up and is left out).
+const stepProbeSteps = 12
+
+// stepProbe is measureInStep's job: the tiny_bench model (not the debug
+// model the layouts of bench/plan are measured on) in one process.
+var stepProbe = []string{"model.flavor=tiny_bench", "training.local_batch_size=8", "training.seq_len=256",
+	"training.steps=" + strconv.Itoa(stepProbeSteps), "metrics.log_freq=4", "checkpoint.enable=false",
+	"validation.enable=false", "activation_checkpoint.mode=none"}
+
+// measureInStep trains the step probe in one process and returns how
+// much slower its step is than the kernels' rates alone predict (the
+// ratio of predicted to measured tokens/s): kernels timed one at a time
+// keep their operands in cache and their threads awake, a training step
+// runs them back to back between the optimizer, the loss and the
+// collector. The compute efficiencies are divided by it; communication
+// is measured separately and is not.
+func measureInStep(ctx context.Context, exe string, c cluster.Cluster, cal Calibration) (inStep, predicted, measured float64, err error) {
+	job, err := config.Load("", stepProbe, nil)
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("plan: calibrate: the step probe: %w", err)
+	}
+	j, err := FromRecipe(job, 1)
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("plan: calibrate: the step probe: %w", err)
+	}
+	pred, err := Predict(j, c, cal)
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("plan: calibrate: the step probe: %w", err)
+	}
+	dir, err := os.MkdirTemp("", "titan-plan-calibrate-")
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer os.RemoveAll(dir)
+	args := []string{"train", "--set", "job.dump_folder=" + dir}
+	for _, kv := range stepProbe {
+		args = append(args, "--set", kv)
+	}
+	if out, err := exec.CommandContext(ctx, exe, args...).CombinedOutput(); err != nil {
+		return 0, 0, 0, fmt.Errorf("plan: calibrate: %s %v: %w\n%s", exe, args, err, out)
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "metrics.jsonl"))
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("plan: calibrate: the step probe wrote no metrics: %w", err)
+	}
+	var windows []float64
+	for _, line := range bytes.Split(data, []byte("\n")) {
+		var rec struct {
+			Step int     `json:"step"`
+			TPS  float64 `json:"tokens_per_sec"`
+		}
+		if json.Unmarshal(line, &rec) == nil && rec.Step > 4 && rec.TPS > 0 {
+			windows = append(windows, rec.TPS)
+		}
+	}
+	if len(windows) == 0 {
+		return 0, 0, 0, fmt.Errorf("plan: calibrate: the step probe logged no tokens/s after step 4")
+	}
+	for _, w := range windows {
+		measured += w / float64(len(windows))
+	}
+	predicted = pred.TokensPerDevice
+	return predicted / measured, predicted, measured, nil
 }
 
 // kernelRates are measured throughputs.
