@@ -4,17 +4,21 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/titan-go/titan/internal/memsnap"
 	"github.com/titan-go/titan/internal/trace"
 )
 
 // inFlight is the bytes of the operations issued and not finished (see
 // InFlightBytes).
-var inFlight atomic.Int64
+var inFlight memsnap.Gauge
 
 // InFlightBytes is the size of the buffers of the operations this process
 // has issued that have not completed: the communication buffers in use
 // (memory snapshots sample it).
 func InFlightBytes() int64 { return inFlight.Load() }
+
+// InFlightPeak is the most InFlightBytes since its last call.
+func InFlightPeak() int64 { return inFlight.TakePeak() }
 
 // blockedNanos is the time callers spent blocked on operations (see
 // BlockedTime).

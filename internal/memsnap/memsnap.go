@@ -72,9 +72,12 @@ type Snapshot struct {
 	SampleEvery  string   `json:"sample_every"`
 }
 
-// Probes read the changing parts.
+// Probes read the changing parts: their level now, and (when set) their
+// high-water marks since the last call (Gauge.TakePeak), which a step's
+// snapshot takes as its peaks when the samples missed them.
 type Probes struct {
-	Gathered, Comm func() int64
+	Gathered, Comm         func() int64
+	GatheredPeak, CommPeak func() int64
 }
 
 // Recorder samples one step.
@@ -88,6 +91,11 @@ type Recorder struct {
 
 // Start begins sampling (a goroutine until Stop).
 func Start(p Probes) *Recorder {
+	for _, take := range []func() int64{p.GatheredPeak, p.CommPeak} {
+		if take != nil {
+			take() // the marks start with the step
+		}
+	}
 	r := &Recorder{start: time.Now(), probes: p, stop: make(chan struct{})}
 	r.sample()
 	r.done.Add(1)
@@ -118,6 +126,12 @@ func (r *Recorder) Stop(rank int, host string, step int, st Static) Snapshot {
 	r.sample()
 	s := Of(rank, host, step, "step", st, r.samples, SampleEvery)
 	s.DurationMS = float64(time.Since(r.start)) / 1e6
+	if r.probes.GatheredPeak != nil {
+		s.PeakGathered = max(s.PeakGathered, r.probes.GatheredPeak())
+	}
+	if r.probes.CommPeak != nil {
+		s.PeakComm = max(s.PeakComm, r.probes.CommPeak())
+	}
 	return s
 }
 

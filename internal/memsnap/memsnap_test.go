@@ -63,3 +63,46 @@ func TestRecorder(t *testing.T) {
 		t.Errorf("SVG has %d areas and lines, want 8", polys)
 	}
 }
+
+// TestGaugePeaks: a level that rises and falls between two samples is
+// in the step's snapshot through the gauges' high-water marks; a mark
+// taken starts a new window at the level then; concurrent adds keep the
+// level and the mark exact.
+func TestGaugePeaks(t *testing.T) {
+	var g, c Gauge
+	g.Add(700) // before the step: not the step's peak
+	g.Add(-700)
+	r := Start(Probes{Gathered: g.Load, Comm: c.Load, GatheredPeak: g.TakePeak, CommPeak: c.TakePeak})
+	g.Add(400) // up and down well inside one sampling interval
+	c.Add(64)
+	c.Add(-64)
+	g.Add(-400)
+	s := r.Stop(0, "h", 1, Static{})
+	if s.PeakGathered != 400 || s.PeakComm != 64 {
+		t.Errorf("peaks gathered %d, comm %d, want 400 and 64", s.PeakGathered, s.PeakComm)
+	}
+	g.Add(5)
+	if p := g.TakePeak(); p != 5 {
+		t.Errorf("mark after a window ending at 0 and a rise to 5: %d", p)
+	}
+	if p := g.TakePeak(); p != 5 {
+		t.Errorf("a new window starts at the level now (5): %d", p)
+	}
+	g.Add(-5)
+	done := make(chan bool)
+	for w := 0; w < 4; w++ {
+		go func() {
+			for i := 0; i < 1000; i++ {
+				g.Add(3)
+				g.Add(-3)
+			}
+			done <- true
+		}()
+	}
+	for w := 0; w < 4; w++ {
+		<-done
+	}
+	if g.Load() != 0 || g.TakePeak() > 12 {
+		t.Errorf("after concurrent adds: level %d", g.Load())
+	}
+}

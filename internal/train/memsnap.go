@@ -95,7 +95,8 @@ func (m *memSnapper) beginStep(step int) {
 	if !m.snapshotted(step) {
 		return
 	}
-	m.rec = memsnap.Start(memsnap.Probes{Gathered: fsdp.GatheredBytes, Comm: comm.InFlightBytes})
+	m.rec = memsnap.Start(memsnap.Probes{Gathered: fsdp.GatheredBytes, Comm: comm.InFlightBytes,
+		GatheredPeak: fsdp.GatheredPeak, CommPeak: comm.InFlightPeak})
 }
 
 // endStep writes the snapshot of step.

@@ -48,10 +48,10 @@ package fsdp
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 
 	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/comm"
+	"github.com/titan-go/titan/internal/memsnap"
 	"github.com/titan-go/titan/internal/numeric"
 )
 
@@ -744,13 +744,16 @@ func (r *Runtime) Load(buf backend.Tensor, read func(lo int, dst []float32) erro
 
 // gatheredBytes is the memory of the gathered unit parameters in use,
 // over the process's runtimes (GatheredBytes).
-var gatheredBytes atomic.Int64
+var gatheredBytes memsnap.Gauge
 
 // GatheredBytes is the memory of the units' gathered parameters in use
 // now (gathered or being gathered, not yet freed), over every Runtime of
 // the process: the part of FSDP's memory that rises and falls within a
 // step (memory snapshots sample it).
 func GatheredBytes() int64 { return gatheredBytes.Load() }
+
+// GatheredPeak is the most GatheredBytes since its last call.
+func GatheredPeak() int64 { return gatheredBytes.TakePeak() }
 
 // GatheredBuffers is the number of unit parameter buffers allocated so
 // far: the most units whose gathered parameters were alive at once.
