@@ -40,7 +40,7 @@ func trainDevice(job *config.Job, threads int, distributed bool) (train.Device, 
 		return train.Device{}, err
 	}
 	if kind == devices.CPU {
-		return cpuDevice(threads), nil
+		return cpuDevice(threads, job.Training.MixedPrecisionParam == "bfloat16"), nil
 	}
 	if distributed {
 		return train.Device{}, fmt.Errorf("training.device = %q: distributed training on the CUDA backend is not wired yet (run one worker, or training.device = \"cpu\")", kind)

@@ -200,11 +200,18 @@ func newConfigCmd() *cobra.Command {
 
 // cpuDevice is the CPU backend with threads workers (0: every core) as a
 // training device.
-func cpuDevice(threads int) train.Device {
+// With bf16 parameters the MFU reference is the bfloat16 GEMM's peak
+// (gemm.BF16PeakRatio times the float32 one).
+func cpuDevice(threads int, bf16 bool) train.Device {
 	be := cpu.New(threads)
-	return train.Device{
+	d := train.Device{
 		Backend:   be,
 		Name:      fmt.Sprintf("cpu (gemm %s), %d threads", gemm.Kernel(), be.Threads()),
 		PeakFLOPS: cpu.HostPeakFLOPS(),
 	}
+	if bf16 {
+		d.Name = fmt.Sprintf("cpu (gemm %s, bf16 %s), %d threads", gemm.Kernel(), gemm.BF16Kernel(), be.Threads())
+		d.PeakFLOPS *= gemm.BF16PeakRatio()
+	}
+	return d
 }

@@ -82,7 +82,8 @@ type Device struct {
 	Backend backend.Backend
 	// Name describes it in the log ("cpu (gemm avx512), 2 threads").
 	Name string
-	// PeakFLOPS is one host's peak float32 FLOP/s, the MFU reference:
+	// PeakFLOPS is one host's peak FLOP/s in the job's compute precision
+	// (float32, or bfloat16 with bf16 parameters), the MFU reference:
 	// the job's peak is it times the hosts, whatever the layout, so that
 	// equal tokens/s prints equal MFU.
 	PeakFLOPS float64

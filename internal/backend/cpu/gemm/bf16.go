@@ -64,6 +64,13 @@ func BF16Kernels() []string { return kernelNames(bf16Kernels) }
 // BF16Kernel returns the name of the GemmBF16 kernel in use.
 func BF16Kernel() string { return activeBF16.Load().name }
 
+// BF16PeakRatio is the peak of the GemmBF16 kernel in use over the
+// float32 GEMM's: 2 for the AVX512_BF16 kernel (each VDPBF16PS lane
+// multiplies and adds a pair of bfloat16 values where VFMADD231PS does
+// one float32), 1 for a fallback, which multiplies in float32. MFU of a
+// bfloat16 run is against the float32 peak times it.
+func BF16PeakRatio() float64 { return float64(max(1, activeBF16.Load().kpack)) }
+
 // SetBF16Kernel selects the GemmBF16 kernel by name (see BF16Kernels),
 // for tests and benchmarks.
 func SetBF16Kernel(name string) error {

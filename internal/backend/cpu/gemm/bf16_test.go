@@ -257,3 +257,23 @@ func TestGemmBF16FallbackAgrees(t *testing.T) {
 		}
 	}
 }
+
+// TestBF16PeakRatio: MFU's bfloat16 peak is twice float32's with the
+// AVX512_BF16 kernel (a pair of products per lane and instruction) and
+// float32's with every fallback.
+func TestBF16PeakRatio(t *testing.T) {
+	saved := BF16Kernel()
+	defer SetBF16Kernel(saved)
+	for _, name := range BF16Kernels() {
+		if err := SetBF16Kernel(name); err != nil {
+			t.Fatal(err)
+		}
+		want := 1.0
+		if name == "avx512bf16" {
+			want = 2
+		}
+		if got := BF16PeakRatio(); got != want {
+			t.Errorf("kernel %s: peak ratio %g, want %g", name, got, want)
+		}
+	}
+}
