@@ -177,10 +177,11 @@ func New(job *config.Job, dev Device, out io.Writer, dist *Dist) (*Trainer, erro
 	if err != nil {
 		return nil, err
 	}
-	if tr.eng, err = parallel.New(be, tr.fam, tr.groups, parallel.Options{
-		Pipeline: pplan, T: T, EvalRows: v.LocalBatchSize, EvalT: v.SeqLen, Reshard: reshard,
-		Precision: prec, Reduce: reduce,
-	}); err != nil {
+	opts := parallel.Options{Pipeline: pplan, T: T, Reshard: reshard, Precision: prec, Reduce: reduce}
+	if v.Enable { // validation's own activation sets only when it runs
+		opts.EvalRows, opts.EvalT = v.LocalBatchSize, v.SeqLen
+	}
+	if tr.eng, err = parallel.New(be, tr.fam, tr.groups, opts); err != nil {
 		return nil, err
 	}
 	oc := job.Optimizer
