@@ -149,21 +149,9 @@ func measureInStep(ctx context.Context, exe string, c cluster.Cluster, cal Calib
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("plan: calibrate: the step probe: %w", err)
 	}
-	dir, err := os.MkdirTemp("", "titan-plan-calibrate-")
+	data, err := trainProbe(ctx, exe, stepProbe)
 	if err != nil {
 		return 0, 0, 0, err
-	}
-	defer os.RemoveAll(dir)
-	args := []string{"train", "--set", "job.dump_folder=" + dir}
-	for _, kv := range stepProbe {
-		args = append(args, "--set", kv)
-	}
-	if out, err := exec.CommandContext(ctx, exe, args...).CombinedOutput(); err != nil {
-		return 0, 0, 0, fmt.Errorf("plan: calibrate: %s %v: %w\n%s", exe, args, err, out)
-	}
-	data, err := os.ReadFile(filepath.Join(dir, "metrics.jsonl"))
-	if err != nil {
-		return 0, 0, 0, fmt.Errorf("plan: calibrate: the step probe wrote no metrics: %w", err)
 	}
 	var windows []float64
 	for _, line := range bytes.Split(data, []byte("\n")) {
@@ -365,26 +353,14 @@ func measureMemory(ctx context.Context, exe string) (factor, base float64, err e
 // probePeak trains tiny_bench for 2 steps at batch × seq and returns the
 // largest peak resident memory it logged, in bytes.
 func probePeak(ctx context.Context, exe string, batch, seq int) (float64, error) {
-	dir, err := os.MkdirTemp("", "titan-plan-calibrate-")
+	data, err := trainProbe(ctx, exe, []string{"model.flavor=tiny_bench", "training.local_batch_size=" + strconv.Itoa(batch),
+		"training.seq_len=" + strconv.Itoa(seq), "training.steps=2", "metrics.log_freq=1",
+		"checkpoint.enable=false", "validation.enable=false", "activation_checkpoint.mode=none"})
 	if err != nil {
 		return 0, err
 	}
-	defer os.RemoveAll(dir)
-	args := []string{"train", "--set", "model.flavor=tiny_bench", "--set", "training.local_batch_size=" + strconv.Itoa(batch),
-		"--set", "training.seq_len=" + strconv.Itoa(seq), "--set", "training.steps=2", "--set", "metrics.log_freq=1",
-		"--set", "checkpoint.enable=false", "--set", "validation.enable=false", "--set", "activation_checkpoint.mode=none",
-		"--set", "job.dump_folder=" + dir}
-	cmd := exec.CommandContext(ctx, exe, args...)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return 0, fmt.Errorf("plan: calibrate: %s %v: %w\n%s", exe, args, err, out)
-	}
-	f, err := os.Open(filepath.Join(dir, "metrics.jsonl"))
-	if err != nil {
-		return 0, fmt.Errorf("plan: calibrate: the memory probe wrote no metrics: %w", err)
-	}
-	defer f.Close()
 	var peak float64
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(bytes.NewReader(data))
 	for sc.Scan() {
 		var rec struct {
 			MemGiB float64 `json:"mem_gib"`
@@ -397,4 +373,26 @@ func probePeak(ctx context.Context, exe string, batch, seq int) (float64, error)
 		return 0, fmt.Errorf("plan: calibrate: the memory probe logged no memory")
 	}
 	return peak * (1 << 30), nil
+}
+
+// trainProbe runs `exe train` with the recipe overrides sets in a
+// temporary dump folder and returns the metrics.jsonl it wrote.
+func trainProbe(ctx context.Context, exe string, sets []string) ([]byte, error) {
+	dir, err := os.MkdirTemp("", "titan-plan-calibrate-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	args := []string{"train", "--set", "job.dump_folder=" + dir}
+	for _, kv := range sets {
+		args = append(args, "--set", kv)
+	}
+	if out, err := exec.CommandContext(ctx, exe, args...).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("plan: calibrate: %s %v: %w\n%s", exe, args, err, out)
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "metrics.jsonl"))
+	if err != nil {
+		return nil, fmt.Errorf("plan: calibrate: the probe run wrote no metrics: %w", err)
+	}
+	return data, nil
 }

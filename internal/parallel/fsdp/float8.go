@@ -83,10 +83,6 @@ func (r *Runtime) planFloat8(c Config) error {
 	}
 	r.f8all, r.precompute, r.bindScales = c.Float8AllGather, c.PrecomputeScales, c.BindScales
 	r.f8 = make([]f8plan, len(r.Units))
-	esize := 4
-	if r.param == backend.BFloat16 {
-		esize = 2
-	}
 	parts := size(r.shard)
 	for u, unit := range r.Units {
 		p := &r.f8[u]
@@ -107,7 +103,7 @@ func (r *Runtime) planFloat8(c Config) error {
 		if !r.f8all || len(ws) == 0 || r.shard == nil {
 			continue
 		}
-		p.chunks, p.part = float8Chunks(unit.Len(), p.weights, parts, esize)
+		p.chunks, p.part = float8Chunks(unit.Len(), p.weights, parts, r.param.Size())
 		r.f8recv = max(r.f8recv, p.part*parts)
 	}
 	return nil
@@ -143,10 +139,6 @@ func float8Chunks(n int, weights []Range, parts, esize int) (chunks [][]seg, par
 // its gathered-unit buffers (see BufferBytes; param is the parameter
 // dtype): the largest float8 unit's parts. Zero without float8 weights.
 func Float8ReceiveBytes(units []Range, float8 [][]Range, parts int, param backend.DType) int64 {
-	esize := 4
-	if param == backend.BFloat16 {
-		esize = 2
-	}
 	recv := 0
 	for u, unit := range units {
 		if u >= len(float8) || len(float8[u]) == 0 {
@@ -156,7 +148,7 @@ func Float8ReceiveBytes(units []Range, float8 [][]Range, parts int, param backen
 		for i, w := range float8[u] {
 			ws[i] = Range{w.Lo - unit.Lo, w.Hi - unit.Lo}
 		}
-		_, part := float8Chunks(unit.Len(), ws, parts, esize)
+		_, part := float8Chunks(unit.Len(), ws, parts, param.Size())
 		recv = max(recv, part*parts)
 	}
 	return int64(recv) * 2
@@ -300,19 +292,12 @@ func (r *Runtime) gather8(u int, full backend.Tensor) error {
 	}
 	clear(buf[at:])
 	r.stats.Float8Weights += int64(p.n8)
-	r.stats.Other += int64((r.Units[u].Len() - p.n8) * r.esize())
-	r.stats.Padding += int64(2*len(recv)) - int64(p.n8) - int64((r.Units[u].Len()-p.n8)*r.esize())
+	other := int64((r.Units[u].Len() - p.n8) * r.param.Size())
+	r.stats.Other += other
+	r.stats.Padding += int64(2*len(recv)) - int64(p.n8) - other
 	r.pbits[u] = recv
 	r.pwork[u] = r.shard.AllGatherAsync(ctx, comm.BF16(mine), comm.BF16(recv))
 	return nil
-}
-
-// esize is the bytes of a parameter in the parameter dtype.
-func (r *Runtime) esize() int {
-	if r.param == backend.BFloat16 {
-		return 2
-	}
-	return 4
 }
 
 // unpack8 widens unit u's landed float8 all-gather into its unit buffer.
@@ -361,8 +346,8 @@ func (r *Runtime) countGather(u int) {
 	if r.f8 != nil {
 		n8 = r.f8[u].n8
 	}
-	r.stats.Float8Weights += int64(n8 * r.esize())
-	r.stats.Other += int64((r.Units[u].Len() - n8) * r.esize())
+	r.stats.Float8Weights += int64(n8 * r.param.Size())
+	r.stats.Other += int64((r.Units[u].Len() - n8) * r.param.Size())
 }
 
 // scalesOf returns unit u's scales for BindScales (a copy).
