@@ -37,23 +37,29 @@ func TestEstimateIsTheEnginesAccounting(t *testing.T) {
 		d             memplan.Degrees
 		sched         string
 		param, reduce bool
-		f8            *float8.Config // model.converters float8
+		f8            *float8.Config    // model.converters float8
+		eval          memplan.EvalShape // validation's own shape
 	}{
-		{"one", memplan.Degrees{}, "", false, false, nil},
-		{"one bf16", memplan.Degrees{}, "", true, false, nil},
-		{"FSDP2", memplan.Degrees{DPShard: 2}, "", false, false, nil},
-		{"FSDP2 bf16", memplan.Degrees{DPShard: 2}, "", true, false, nil},
-		{"FSDP2 bf16 reduce bf16", memplan.Degrees{DPShard: 2}, "", true, true, nil},
-		{"FSDP2 float8 all-gather", memplan.Degrees{DPShard: 2}, "", false, false, f8Gather},
-		{"FSDP2 bf16 float8 all-gather", memplan.Degrees{DPShard: 2}, "", true, false, f8Gather},
-		{"DDP2 bf16 reduce bf16", memplan.Degrees{DPReplicate: 2}, "", true, true, nil},
-		{"CP2", memplan.Degrees{CP: 2}, "", false, false, nil},
-		{"TP2", memplan.Degrees{TP: 2}, "", false, false, nil},
-		{"PP2 Interleaved1F1B", memplan.Degrees{PP: 2}, "Interleaved1F1B", false, false, nil},
+		{"one", memplan.Degrees{}, "", false, false, nil, memplan.EvalShape{}},
+		{"one bf16", memplan.Degrees{}, "", true, false, nil, memplan.EvalShape{}},
+		{"FSDP2", memplan.Degrees{DPShard: 2}, "", false, false, nil, memplan.EvalShape{}},
+		{"FSDP2 bf16", memplan.Degrees{DPShard: 2}, "", true, false, nil, memplan.EvalShape{}},
+		{"FSDP2 bf16 reduce bf16", memplan.Degrees{DPShard: 2}, "", true, true, nil, memplan.EvalShape{}},
+		{"FSDP2 float8 all-gather", memplan.Degrees{DPShard: 2}, "", false, false, f8Gather, memplan.EvalShape{}},
+		{"FSDP2 bf16 float8 all-gather", memplan.Degrees{DPShard: 2}, "", true, false, f8Gather, memplan.EvalShape{}},
+		{"DDP2 bf16 reduce bf16", memplan.Degrees{DPReplicate: 2}, "", true, true, nil, memplan.EvalShape{}},
+		{"CP2", memplan.Degrees{CP: 2}, "", false, false, nil, memplan.EvalShape{}},
+		{"TP2", memplan.Degrees{TP: 2}, "", false, false, nil, memplan.EvalShape{}},
+		{"PP2 Interleaved1F1B", memplan.Degrees{PP: 2}, "Interleaved1F1B", false, false, nil, memplan.EvalShape{}},
+		{"one validation 3x32", memplan.Degrees{}, "", false, false, nil, memplan.EvalShape{Rows: 3, SeqLen: 32}},
+		{"one validation same shape", memplan.Degrees{}, "", false, false, nil, memplan.EvalShape{Rows: B, SeqLen: T}},
+		{"FSDP2 bf16 validation 1x128", memplan.Degrees{DPShard: 2}, "", true, false, nil, memplan.EvalShape{Rows: 1, SeqLen: 128}},
+		{"CP2 validation 4x32", memplan.Degrees{CP: 2}, "", false, false, nil, memplan.EvalShape{Rows: 4, SeqLen: 32}},
+		{"PP2 Interleaved1F1B validation 2x128", memplan.Degrees{PP: 2}, "Interleaved1F1B", false, false, nil, memplan.EvalShape{Rows: 2, SeqLen: 128}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			plan := memplan.Plan{Model: cfg, Batch: B, SeqLen: T, MicrobatchRows: 1, Degrees: tc.d, Reshard: "default",
-				Precision: memplan.Precision{ParamBF16: tc.param, ReduceBF16: tc.reduce, Float8: tc.f8}}
+				Precision: memplan.Precision{ParamBF16: tc.param, ReduceBF16: tc.reduce, Float8: tc.f8}, Eval: tc.eval}
 			if tc.d.PP > 1 {
 				plan.Pipeline = &parallel.PipelineSettings{Schedule: tc.sched, MicrobatchSize: 1}
 			}
@@ -75,7 +81,7 @@ func TestEstimateIsTheEnginesAccounting(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					mems[r], errs[r] = step(st, r, ranks, cfg, d, pp, B, T, tc.param, tc.reduce, tc.f8)
+					mems[r], errs[r] = step(st, r, ranks, cfg, d, pp, B, T, tc.param, tc.reduce, tc.f8, tc.eval)
 				}()
 			}
 			wg.Wait()
@@ -112,7 +118,7 @@ var f8Gather = &float8.Config{Recipe: float8.Tensorwise, FilterFQNs: []string{"o
 
 // step builds rank r's engine, runs one forward and backward and returns
 // its memory accounting.
-func step(st comm.Store, r, ranks int, cfg llama.Config, d memplan.Degrees, pp parallel.PipelinePlan, B, T int, param, reduce bool, f8 *float8.Config) (parallel.Memory, error) {
+func step(st comm.Store, r, ranks int, cfg llama.Config, d memplan.Degrees, pp parallel.PipelinePlan, B, T int, param, reduce bool, f8 *float8.Config, eval memplan.EvalShape) (parallel.Memory, error) {
 	world, err := comm.NewWorld(context.Background(), st, r, ranks, comm.Options{})
 	if err != nil {
 		return parallel.Memory{}, err
@@ -128,7 +134,8 @@ func step(st comm.Store, r, ranks int, cfg llama.Config, d memplan.Degrees, pp p
 	}
 	be := cpu.New(1)
 	defer be.Close()
-	o := parallel.Options{Pipeline: pp, T: T, Reshard: fsdp.ReshardDefault, Precision: model.Precision{Param: backend.Float32, Float8: f8}, Reduce: backend.Float32}
+	o := parallel.Options{Pipeline: pp, T: T, Reshard: fsdp.ReshardDefault, Precision: model.Precision{Param: backend.Float32, Float8: f8}, Reduce: backend.Float32,
+		EvalRows: eval.Rows, EvalT: eval.SeqLen}
 	if param {
 		o.Precision.Param = backend.BFloat16
 	}

@@ -158,6 +158,38 @@ type Plan struct {
 	// LogitChunk is the model's logits chunk in vocabulary columns (0:
 	// the model's default; the vocabulary shard: whole logits).
 	LogitChunk int
+	// Eval is validation's shape when it runs (validation.enable); the
+	// zero EvalShape: no validation.
+	Eval EvalShape
+}
+
+// EvalShape is validation's batch: Rows sequences per data rank of
+// SeqLen tokens. When it differs from the training step's, the engine
+// gives validation activation sets of its own (forward only, one per
+// stage, with their own scratch), which the estimate counts.
+type EvalShape struct{ Rows, SeqLen int }
+
+// evalSets reports whether validation has its own activation sets under
+// plan, and the rows of each (a pipeline's microbatch size, or all of
+// them); mbRows is the training microbatch's rows.
+func (p Plan) evalSets(mbRows int) (rows int, own bool, err error) {
+	e := p.Eval
+	if e.Rows == 0 && e.SeqLen == 0 {
+		return 0, false, nil
+	}
+	if e.Rows < 1 || e.SeqLen < 1 {
+		return 0, false, fmt.Errorf("memplan: validation batch %d × seq %d must be positive", e.Rows, e.SeqLen)
+	}
+	if e.Rows == p.Batch && e.SeqLen == p.SeqLen {
+		return 0, false, nil // validation runs on the training step's sets
+	}
+	if p.Degrees.PP > 1 {
+		if e.Rows%mbRows != 0 {
+			return 0, false, fmt.Errorf("memplan: validation.local_batch_size %d is not a multiple of parallelism.pipeline_parallel_microbatch_size %d", e.Rows, mbRows)
+		}
+		return mbRows, true, nil
+	}
+	return e.Rows, true, nil
 }
 
 // FromJob returns the plan of one rank of job on world ranks; a
@@ -183,6 +215,9 @@ func FromJob(job *config.Job, world int) (Plan, error) {
 		Degrees:        d, Reshard: p.FSDPReshardAfterForward,
 		Checkpoint: Checkpoint{Mode: job.ActivationCheckpoint.Mode, Option: job.ActivationCheckpoint.SelectiveACOption},
 		Precision:  Precision{ParamBF16: job.Training.MixedPrecisionParam == "bfloat16", ReduceBF16: job.Training.MixedPrecisionReduce == "bfloat16"},
+	}
+	if v := job.Validation; v.Enable {
+		plan.Eval = EvalShape{Rows: v.LocalBatchSize, SeqLen: v.SeqLen}
 	}
 	if plan.Precision.Float8, err = job.Float8Config(); err != nil {
 		return Plan{}, fmt.Errorf("memplan: float8.recipe_name: %w", err)
@@ -494,6 +529,10 @@ func estimatePipeline(plan Plan) (Report, error) {
 		peak, split := sched.ActivationSets(rank)
 		var act, comm, staging int64
 		var specs []*llama.StageSpec
+		evalRows, evalOwn, err := plan.evalSets(pp.MicrobatchRows)
+		if err != nil {
+			return Report{}, err
+		}
 		for _, s := range sched.Stages(rank) {
 			spec := pp.Stages[s]
 			ls := llama.StageSpec(spec)
@@ -521,6 +560,15 @@ func estimatePipeline(plan Plan) (Report, error) {
 			act += int64(peak[s])*a + v.shared
 			comm += int64(peak[s]) * v.own
 			staging = max(staging, v.staging)
+			if evalOwn { // validation's set of the stage, with its own scratch
+				e := planned(plan.Model, evalRows, plan.Eval.SeqLen, llamaPlan(plan, &ls)).scale(plan.Precision)
+				if e.err != nil {
+					return Report{}, e.err
+				}
+				act += e.act
+				comm += e.own
+				staging = max(staging, e.staging)
+			}
 		}
 		f8, err := float8Gathers(plan, pp.MicrobatchRows, specs)
 		if err != nil {
@@ -640,9 +688,19 @@ func activations(plan Plan, layers int64) (act, comm int64, err error) {
 	model := func(stage *llama.StageSpec) plannedVal {
 		return planned(c, rows, plan.SeqLen, llamaPlan(plan, stage)).scale(plan.Precision)
 	}
+	evalRows, evalOwn, err := plan.evalSets(rows)
+	if err != nil {
+		return 0, 0, err
+	}
 	if d.PP == 1 {
 		v := model(nil)
-		return v.act, v.staging + v.own, v.err
+		if !evalOwn || v.err != nil {
+			return v.act, v.staging + v.own, v.err
+		}
+		// Validation's set beside the step's, with its own scratch; the
+		// host staging is one for both.
+		e := planned(c, evalRows, plan.Eval.SeqLen, llamaPlan(plan, nil)).scale(plan.Precision)
+		return v.act + e.act, max(v.staging, e.staging) + v.own + e.own, e.err
 	}
 	n := int(layers)
 	first := model(&llama.StageSpec{FirstLayer: 0, NumLayers: n, Embedding: true})
@@ -650,8 +708,20 @@ func activations(plan Plan, layers int64) (act, comm int64, err error) {
 	if err := errors.Join(first.err, last.err); err != nil {
 		return 0, 0, err
 	}
-	comm = max(first.staging, last.staging) + max(inFlight*first.own, last.own) + transferBytes(plan, rows, 2)
-	return max(inFlight*(first.act-first.shared)+first.shared, last.act), comm, nil
+	firstAct, lastAct := inFlight*(first.act-first.shared)+first.shared, last.act
+	firstOwn, lastOwn := inFlight*first.own, last.own
+	staging := max(first.staging, last.staging)
+	if evalOwn {
+		fe := planned(c, evalRows, plan.Eval.SeqLen, llamaPlan(plan, &llama.StageSpec{FirstLayer: 0, NumLayers: n, Embedding: true})).scale(plan.Precision)
+		le := planned(c, evalRows, plan.Eval.SeqLen, llamaPlan(plan, &llama.StageSpec{FirstLayer: c.NLayers - n, NumLayers: n, Head: true})).scale(plan.Precision)
+		if err := errors.Join(fe.err, le.err); err != nil {
+			return 0, 0, err
+		}
+		firstAct, lastAct, firstOwn, lastOwn = firstAct+fe.act, lastAct+le.act, firstOwn+fe.own, lastOwn+le.own
+		staging = max(staging, fe.staging, le.staging)
+	}
+	comm = staging + max(firstOwn, lastOwn) + transferBytes(plan, rows, 2)
+	return max(firstAct, lastAct), comm, nil
 }
 
 // sendsInFlight is the number of the pipeline executor's sends counted

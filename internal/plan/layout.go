@@ -51,6 +51,9 @@ type Layout struct {
 	// gathers and reductions and the copies FSDP keeps (RuntimeOf,
 	// memplan.Precision); a GPU computes in bfloat16 anyway.
 	ParamBF16, ReduceBF16 bool
+	// Eval is the recipe's validation batch when validation is enabled
+	// (its activation sets count when its shape is not the step's).
+	Eval memplan.EvalShape
 }
 
 // Job is a model and its layout.
@@ -112,7 +115,7 @@ func FromRecipe(job *config.Job, world int) (Job, error) {
 		FirstLessLayers: p.PipelineParallelFirstStageLessLayers, LastLessLayers: p.PipelineParallelLastStageLessLayers,
 		LocalBatch: job.Training.LocalBatchSize, SeqLen: job.Training.SeqLen,
 		Checkpoint: mp.Checkpoint, Reshard: p.FSDPReshardAfterForward, AsyncTP: p.EnableAsyncTensorParallel,
-		ParamBF16: mp.Precision.ParamBF16, ReduceBF16: mp.Precision.ReduceBF16,
+		ParamBF16: mp.Precision.ParamBF16, ReduceBF16: mp.Precision.ReduceBF16, Eval: mp.Eval,
 	}
 	return Job{Flavor: job.Model.Flavor, Model: mp.Model, Layout: l}, nil
 }
@@ -134,7 +137,7 @@ func (j Job) MemPlan(rt Runtime) (memplan.Plan, error) {
 	l := j.Layout
 	p := memplan.Plan{
 		Model: j.Model, Flavor: j.Flavor, Batch: l.LocalBatch, SeqLen: l.SeqLen, MicrobatchRows: l.MicrobatchRows,
-		Degrees: l.Degrees, Reshard: l.Reshard, Checkpoint: l.Checkpoint, Precision: rt.Precision,
+		Degrees: l.Degrees, Reshard: l.Reshard, Checkpoint: l.Checkpoint, Precision: rt.Precision, Eval: l.Eval,
 	}
 	if rt.WholeLogits {
 		p.LogitChunk = j.Model.VocabSize / max(l.Degrees.TP, 1)

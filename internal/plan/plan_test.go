@@ -106,6 +106,7 @@ func TestTrainerEstimateMatches(t *testing.T) {
 		{"parallelism.context_parallel_degree=2", "parallelism.data_parallel_shard_degree=1"},
 		{"training.mixed_precision_param=bfloat16", "parallelism.data_parallel_shard_degree=1"},
 		{"training.mixed_precision_param=bfloat16", "training.mixed_precision_reduce=bfloat16", "parallelism.data_parallel_shard_degree=2"},
+		{"validation.seq_len=128", "validation.local_batch_size=4", "parallelism.data_parallel_shard_degree=2"},
 	} {
 		job, err := config.Load("../../recipes/llama3_debug.toml", sets, nil)
 		if err != nil {
