@@ -112,9 +112,31 @@ func BenchmarkSwiGLU(b *testing.B) {
 	n := benchN * benchFFN
 	g, u, d := upload(be, randF32(r, n, 3)), upload(be, randF32(r, n, 1)), upload(be, randF32(r, n, 1))
 	out, dg, du := be.Alloc(backend.Float32, n), be.Alloc(backend.Float32, n), be.Alloc(backend.Float32, n)
-	for b.Loop() {
+	benchVector(b, &useSwiGLUAVX512, func() {
 		be.SwiGLUForward(out, g, u, n)
 		be.SwiGLUBackward(dg, du, d, g, u, n)
+	})
+}
+
+// benchVector runs f as sub-benchmarks scalar and vector, with *sw
+// cleared and set, so that one run (with -count to alternate) compares
+// them under the same load.
+func benchVector(b *testing.B, sw *bool, f func()) {
+	has := *sw
+	if !has {
+		b.Log("no vector kernel on this machine: vector runs the scalar code")
+	}
+	for _, mode := range []struct {
+		name string
+		on   bool
+	}{{"scalar", false}, {"vector", has}} {
+		b.Run(mode.name, func(b *testing.B) {
+			withSwitch(sw, mode.on, func() {
+				for b.Loop() {
+					f()
+				}
+			})
+		})
 	}
 }
 
@@ -126,10 +148,10 @@ func BenchmarkRoPE(b *testing.B) {
 	x, d := upload(be, randF32(r, n, 1)), upload(be, randF32(r, n, 1))
 	cs, sn := upload(be, randF32(r, benchT*benchHD/2, 1)), upload(be, randF32(r, benchT*benchHD/2, 1))
 	dx := be.Alloc(backend.Float32, n)
-	for b.Loop() {
+	benchVector(b, &useRoPEAVX512, func() {
 		be.RoPEForward(x, x, cs, sn, benchB, benchT, benchNH, benchHD)
 		be.RoPEBackward(dx, d, cs, sn, benchB, benchT, benchNH, benchHD)
-	}
+	})
 }
 
 func BenchmarkEmbedding(b *testing.B) {

@@ -37,15 +37,9 @@ func (b *Backend) RoPEForward(out, inp, cos, sin backend.Tensor, B, T, NH, HD in
 			t := bt % T
 			c := cs[t*half : (t+1)*half]
 			s := sn[t*half : (t+1)*half][:len(c)]
-			for h := 0; h < NH; h++ {
-				off := bt*row + h*HD
-				xi := x[off : off+HD]
-				oi := o[off : off+HD][:len(xi)]
-				for i := range c {
-					x0, x1 := xi[2*i], xi[2*i+1]
-					oi[2*i] = x0*c[i] - x1*s[i]
-					oi[2*i+1] = x0*s[i] + x1*c[i]
-				}
+			xr, or := x[bt*row:(bt+1)*row], o[bt*row:(bt+1)*row]
+			if !ropeFwdVec(or, xr, c, s, NH) {
+				ropeFwdGo(or, xr, c, s, NH)
 			}
 		}
 	})
@@ -71,16 +65,44 @@ func (b *Backend) RoPEBackward(dinp, dout, cos, sin backend.Tensor, B, T, NH, HD
 			t := bt % T
 			c := cs[t*half : (t+1)*half]
 			s := sn[t*half : (t+1)*half][:len(c)]
-			for h := 0; h < NH; h++ {
-				off := bt*row + h*HD
-				di := d[off : off+HD]
-				dxi := dx[off : off+HD][:len(di)]
-				for i := range c {
-					d0, d1 := di[2*i], di[2*i+1]
-					dxi[2*i] += d0*c[i] + d1*s[i]
-					dxi[2*i+1] += d1*c[i] - d0*s[i]
-				}
+			dr, dxr := d[bt*row:(bt+1)*row], dx[bt*row:(bt+1)*row]
+			if !ropeBwdVec(dxr, dr, c, s, NH) {
+				ropeBwdGo(dxr, dr, c, s, NH)
 			}
 		}
 	})
+}
+
+// ropeFwdGo is RoPEForward's scalar code for one row of nh heads of
+// 2*len(c) elements. The float32 conversions keep the compiler from
+// fusing a product into the addition (GOAMD64=v3 would), so that the
+// vector kernel's separate multiplies and adds give the same bits.
+func ropeFwdGo(o, x, c, s []float32, nh int) {
+	hd := 2 * len(c)
+	s = s[:len(c)]
+	for h := 0; h < nh; h++ {
+		xi := x[h*hd : (h+1)*hd]
+		oi := o[h*hd : (h+1)*hd][:len(xi)]
+		for i := range c {
+			x0, x1 := xi[2*i], xi[2*i+1]
+			oi[2*i] = float32(x0*c[i]) - float32(x1*s[i])
+			oi[2*i+1] = float32(x0*s[i]) + float32(x1*c[i])
+		}
+	}
+}
+
+// ropeBwdGo is RoPEBackward's scalar code for one row of nh heads of
+// 2*len(c) elements (float32 conversions as in ropeFwdGo).
+func ropeBwdGo(dx, d, c, s []float32, nh int) {
+	hd := 2 * len(c)
+	s = s[:len(c)]
+	for h := 0; h < nh; h++ {
+		di := d[h*hd : (h+1)*hd]
+		dxi := dx[h*hd : (h+1)*hd][:len(di)]
+		for i := range c {
+			d0, d1 := di[2*i], di[2*i+1]
+			dxi[2*i] += float32(d0*c[i]) + float32(d1*s[i])
+			dxi[2*i+1] += float32(d1*c[i]) - float32(d0*s[i])
+		}
+	}
 }
