@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/titan-go/titan/internal/backend"
@@ -91,17 +92,33 @@ func BenchmarkCrossEntropy(b *testing.B) {
 	})
 }
 
+// BenchmarkRMSNorm times RMSNorm forward+backward on the tiny_bench
+// shape (2048 rows of 256) and a larger model's (512 rows of 4096), with
+// the scalar code (scalar) and the vector kernels (vector).
 func BenchmarkRMSNorm(b *testing.B) {
 	be := New(0)
 	defer be.Close()
-	r := newRand(3)
-	n := benchN * benchDim
-	x, w, d := upload(be, randF32(r, n, 1)), upload(be, randF32(r, benchDim, 1)), upload(be, randF32(r, n, 1))
-	out, rstd := be.Alloc(backend.Float32, n), be.Alloc(backend.Float32, benchN)
-	dx, dw := be.Alloc(backend.Float32, n), be.Alloc(backend.Float32, benchDim)
-	for b.Loop() {
-		be.RMSNormForward(out, rstd, x, w, benchN, benchDim, 1e-5)
-		be.RMSNormBackward(dx, dw, d, x, w, rstd, benchN, benchDim)
+	for _, sh := range []struct{ N, C int }{{benchN, benchDim}, {512, 4096}} {
+		r := newRand(3)
+		n := sh.N * sh.C
+		x, w, d := upload(be, randF32(r, n, 1)), upload(be, randF32(r, sh.C, 1)), upload(be, randF32(r, n, 1))
+		out, rstd := be.Alloc(backend.Float32, n), be.Alloc(backend.Float32, sh.N)
+		dx, dw := be.Alloc(backend.Float32, n), be.Alloc(backend.Float32, sh.C)
+		for _, vec := range []bool{false, true} {
+			name := fmt.Sprintf("N%dxC%d/scalar", sh.N, sh.C)
+			if vec {
+				name = fmt.Sprintf("N%dxC%d/vector", sh.N, sh.C)
+			}
+			b.Run(name, func(b *testing.B) {
+				saved := useRMSNormAVX512
+				useRMSNormAVX512 = vec && saved
+				defer func() { useRMSNormAVX512 = saved }()
+				for b.Loop() {
+					be.RMSNormForward(out, rstd, x, w, sh.N, sh.C, 1e-5)
+					be.RMSNormBackward(dx, dw, d, x, w, rstd, sh.N, sh.C)
+				}
+			})
+		}
 	}
 }
 
