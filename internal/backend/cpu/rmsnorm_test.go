@@ -40,18 +40,6 @@ func rmsNormData(r *rand.Rand, n int, kind string) []float32 {
 	return x
 }
 
-// sameBits fails the test unless got and want hold the same bits, any NaN
-// matching any NaN.
-func sameBits(t *testing.T, name string, got, want []float32) {
-	t.Helper()
-	for i := range want {
-		g, w := got[i], want[i]
-		if math.Float32bits(g) != math.Float32bits(w) && !(g != g && w != w) {
-			t.Fatalf("%s[%d] = %v (%#08x), scalar %v (%#08x)", name, i, g, math.Float32bits(g), w, math.Float32bits(w))
-		}
-	}
-}
-
 // TestRMSNormVectorMatchesScalar: RMSNormForward and RMSNormBackward give
 // exactly the scalar code's bits with the vector kernels, over row widths
 // around the 16-lane blocks, the 8-column groups and the 128-column
