@@ -49,13 +49,58 @@ func BenchmarkTrainStepPrecision(b *testing.B) {
 }
 
 func benchTrainStep(b *testing.B, mopt Plan) {
+	be := cpu.New(0)
+	defer be.Close()
+	step, m := newBenchStep(b, be, mopt)
+	step() // warm-up
+	b.ResetTimer()
+	start := time.Now()
+	for i := 0; i < b.N; i++ {
+		step()
+	}
+	sec := time.Since(start).Seconds() / float64(b.N)
+	tokens := float64(m.B * m.T)
+	b.ReportMetric(tokens/sec, "tokens/s")
+	b.ReportMetric(m.Cfg.FLOPsPerToken(m.T)*tokens/sec/1e9, "GFLOP/s")
+	b.ReportMetric(float64(m.ActivationBytes())/(1<<20), "act-MiB")
+}
+
+// BenchmarkTrainStepBF16Ratio times the tiny_bench training step in
+// float32 and in bfloat16 mixed precision alternately, step by step on
+// one backend, so that both see the same machine (a shared or throttled
+// host moves absolute times by ±10% from run to run): bf16/f32 is the
+// float32 steps' total time over the bfloat16 steps'.
+func BenchmarkTrainStepBF16Ratio(b *testing.B) {
+	be := cpu.New(0)
+	defer be.Close()
+	step32, m := newBenchStep(b, be, Plan{})
+	step16, _ := newBenchStep(b, be, Plan{Precision: model.Precision{Param: backend.BFloat16}})
+	step32()
+	step16()
+	var t32, t16 time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		step32()
+		mid := time.Now()
+		step16()
+		t32, t16 = t32+mid.Sub(start), t16+time.Since(mid)
+	}
+	tokens := float64(m.B*m.T) * float64(b.N)
+	b.ReportMetric(tokens/t32.Seconds(), "f32-tokens/s")
+	b.ReportMetric(tokens/t16.Seconds(), "bf16-tokens/s")
+	b.ReportMetric(t32.Seconds()/t16.Seconds(), "bf16/f32")
+}
+
+// newBenchStep builds the tiny_bench model (batch 8 × 256) on be under
+// mopt with an AdamW optimizer and returns one training step on fixed
+// random tokens.
+func newBenchStep(b *testing.B, be *cpu.Backend, mopt Plan) (func(), *Model) {
 	cfg, err := Flavor("tiny_bench")
 	if err != nil {
 		b.Fatal(err)
 	}
 	B, T := 8, 256
-	be := cpu.New(0)
-	defer be.Close()
 	m, err := New(be, cfg, B, T, mopt)
 	if err != nil {
 		b.Fatal(err)
@@ -67,7 +112,7 @@ func benchTrainStep(b *testing.B, mopt Plan) {
 	for i := range tokens {
 		tokens[i], targets[i] = int32(r.IntN(cfg.VocabSize)), int32(r.IntN(cfg.VocabSize))
 	}
-	step := func() {
+	return func() {
 		if _, err := m.Forward(tokens, targets); err != nil {
 			b.Fatal(err)
 		}
@@ -79,15 +124,5 @@ func benchTrainStep(b *testing.B, mopt Plan) {
 		if err := opt.Update(m.Params, m.Grads, 3e-4, scale); err != nil {
 			b.Fatal(err)
 		}
-	}
-	step() // warm-up
-	b.ResetTimer()
-	start := time.Now()
-	for i := 0; i < b.N; i++ {
-		step()
-	}
-	sec := time.Since(start).Seconds() / float64(b.N)
-	b.ReportMetric(float64(B*T)/sec, "tokens/s")
-	b.ReportMetric(cfg.FLOPsPerToken(T)*float64(B*T)/sec/1e9, "GFLOP/s")
-	b.ReportMetric(float64(m.ActivationBytes())/(1<<20), "act-MiB")
+	}, m
 }
