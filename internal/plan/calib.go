@@ -48,12 +48,41 @@ type Calibration struct {
 	// process's runtime, data and binary on a CPU).
 	MemoryFactor float64 `json:"memory_factor"`
 	MemoryBase   float64 `json:"memory_base_bytes"`
+	// RingAttention, on a CPU host, are the fractions of the same peak
+	// that one rank's ring attention reaches at the measured cp degrees
+	// (its blocks' attention, the merges and the host staging of the
+	// rotating blocks, without the transfers: llama.RingAttentionProbe),
+	// which runs many small blocks well below Attention's rate over
+	// whole rows; a layout at a cp not measured uses Attention.
+	RingAttention []RingRate `json:"ring_attention,omitempty"`
 	// InStep, on a CPU host, is how much slower a training step ran than
 	// the kernels' rates alone predicted (measureInStep); the compute
 	// efficiencies above are already divided by it (0: not measured).
 	InStep float64 `json:"in_step_factor,omitempty"`
 	// Created is when the calibration was made (RFC 3339).
 	Created string `json:"created,omitempty"`
+}
+
+// RingRate is ring attention's efficiency at one cp degree, with
+// float32 and with bfloat16 products.
+type RingRate struct {
+	CP             int     `json:"cp"`
+	Efficiency     float64 `json:"efficiency"`
+	EfficiencyBF16 float64 `json:"efficiency_bf16"`
+}
+
+// ring returns ring attention's efficiency at cp (with bfloat16 products
+// when bf16), and whether it was measured.
+func (c Calibration) ring(cp int, bf16 bool) (float64, bool) {
+	for _, r := range c.RingAttention {
+		if r.CP == cp {
+			if bf16 {
+				return r.EfficiencyBF16, true
+			}
+			return r.Efficiency, true
+		}
+	}
+	return 0, false
 }
 
 // Collective is a fit of one measured collective, t = Latency + size /
@@ -80,6 +109,11 @@ func (c Calibration) Validate() error {
 	}
 	if c.MatmulFP8 < 0 || c.MemoryBase < 0 || c.MatmulBF16 < 0 || c.AttentionBF16 < 0 {
 		return fmt.Errorf("plan: calibration matmul_fp8_efficiency %g, matmul_bf16_efficiency %g, attention_bf16_efficiency %g and memory_base_bytes %g must be >= 0", c.MatmulFP8, c.MatmulBF16, c.AttentionBF16, c.MemoryBase)
+	}
+	for _, r := range c.RingAttention {
+		if r.CP < 2 || !(r.Efficiency > 0) || !(r.EfficiencyBF16 > 0) {
+			return fmt.Errorf("plan: calibration ring_attention at cp %d: efficiency %g, efficiency_bf16 %g must be > 0", r.CP, r.Efficiency, r.EfficiencyBF16)
+		}
 	}
 	for _, k := range c.Collectives {
 		if k.NProc < 2 || !(k.Bandwidth > 0) || k.Latency < 0 {

@@ -244,16 +244,61 @@ func TestCalibrationRoundTrip(t *testing.T) {
 
 // TestMeasureKernels runs the kernel benchmarks at the tiny model's
 // shapes: every rate must come out positive and below the nominal peak
-// of the host ten times over (a count off by an order of magnitude).
+// of the host ten times over (a count off by an order of magnitude),
+// with ring attention measured at cp 2 and 4.
 func TestMeasureKernels(t *testing.T) {
 	cfg, _ := llama.Flavor("tiny")
-	k, err := measureKernels(cfg, 2, 64)
+	k, err := measureKernels(cfg, 2, 64, []int{2, 4})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c, _ := cluster.Load("cpu-2core")
 	if k.gemm > 10*c.Device.PeakFP32 || k.attn > 10*c.Device.PeakFP32 {
 		t.Errorf("kernel rates %+v above ten times the host's peak %g", k, c.Device.PeakFP32)
+	}
+	if len(k.ring) != 2 || k.ring[0].CP != 2 || k.ring[1].CP != 4 {
+		t.Fatalf("ring attention measured at %+v, want cp 2 and 4", k.ring)
+	}
+	for _, r := range k.ring {
+		if !(r.Efficiency > 0 && r.EfficiencyBF16 > 0) || r.Efficiency > 10*c.Device.PeakFP32 || r.EfficiencyBF16 > 10*c.Device.PeakFP32 {
+			t.Errorf("ring attention at cp %d: %g and %g FLOP/s", r.CP, r.Efficiency, r.EfficiencyBF16)
+		}
+	}
+}
+
+// TestRingAttentionRate checks that a context-parallel layout's
+// attention runs at the calibration's ring rate for its cp, and at the
+// whole-row rate for a cp not measured: halving the ring efficiency
+// doubles the predicted attention time exactly.
+func TestRingAttentionRate(t *testing.T) {
+	c, err := cluster.Load("cpu-2core")
+	if err != nil {
+		t.Fatal(err)
+	}
+	job, err := config.Load("../../recipes/llama3_debug.toml", []string{"parallelism.data_parallel_shard_degree=1", "parallelism.context_parallel_degree=2"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := FromRecipe(job, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cal := Calibration{Source: "test", Matmul: 0.5, Attention: 0.4, Elementwise: 0.5, Comm: 1, MemoryFactor: 1}
+	attention := func(cal Calibration) float64 {
+		p, err := Predict(j, c, cal)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Step.Attention
+	}
+	whole := attention(cal)
+	cal.RingAttention = []RingRate{{CP: 2, Efficiency: 0.2, EfficiencyBF16: 0.3}}
+	if got := attention(cal); math.Abs(got/whole-2) > 1e-9 {
+		t.Errorf("ring efficiency 0.2 against whole-row 0.4: attention %g s, want twice %g s", got, whole)
+	}
+	cal.RingAttention = []RingRate{{CP: 4, Efficiency: 0.2, EfficiencyBF16: 0.3}}
+	if got := attention(cal); got != whole {
+		t.Errorf("a ring rate at cp 4 changed the cp 2 layout's attention: %g s, want %g s", got, whole)
 	}
 }
 

@@ -277,6 +277,15 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 	cfg := job.Model
 	d := l.Degrees
 	r := ratesOf(c, cal, rt)
+	if e, ok := cal.ring(d.CP, rt.Precision.ParamBF16 && cal.AttentionBF16 > 0); ok && d.CP > 1 && !rt.TorchRing {
+		// titan's ring attention at its measured rate (see
+		// Calibration.RingAttention).
+		peak := c.Device.PeakFP32
+		if !c.CPU() {
+			peak = c.Device.PeakBF16
+		}
+		r.attn = e * peak / float64(max(rt.Shared, 1))
+	}
 	cb := 4.0
 	if rt.Precision.Compute > 0 {
 		cb = float64(rt.Precision.Compute)
