@@ -86,6 +86,18 @@ func (t Tensor) HostFloat32() (h []float32, ok bool) {
 	return all[t.Off : t.Off+t.Len], true
 }
 
+// HostBF16 is HostFloat32 for bfloat16 host memory (the bit patterns).
+func (t Tensor) HostBF16() (h []uint16, ok bool) {
+	if t.Mem == nil {
+		return nil, t.Len == 0
+	}
+	all, ok := t.Mem.Host.([]uint16)
+	if !ok {
+		return nil, false
+	}
+	return all[t.Off : t.Off+t.Len], true
+}
+
 // Slice returns the view of n elements starting at element off of t.
 func (t Tensor) Slice(off, n int) Tensor {
 	if off < 0 || n < 0 || off+n > t.Len {
@@ -160,6 +172,8 @@ type Backend interface {
 
 	// RMSNormForward computes out = inp * rstd * weight per row, with
 	// rstd[i] = 1/sqrt(mean(inp[i,:]^2) + eps) saved for the backward.
+	// out is float32, or bfloat16 (each output rounded to nearest even)
+	// where only bfloat16 products read it (mixed precision).
 	RMSNormForward(out, rstd, inp, weight Tensor, N, C int, eps float32)
 	// RMSNormBackward accumulates dinp and dweight.
 	RMSNormBackward(dinp, dweight, dout, inp, weight, rstd Tensor, N, C int)
@@ -179,7 +193,8 @@ type Backend interface {
 	// probabilities from q, k, lse.
 	AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse Tensor, d AttentionDims)
 
-	// SwiGLUForward computes out = silu(gate) * up over n elements.
+	// SwiGLUForward computes out = silu(gate) * up over n elements; out
+	// is float32 or bfloat16, as RMSNormForward's.
 	SwiGLUForward(out, gate, up Tensor, n int)
 	// SwiGLUBackward accumulates dgate and dup.
 	SwiGLUBackward(dgate, dup, dout, gate, up Tensor, n int)

@@ -44,9 +44,10 @@ type Precision struct {
 	State, Compute int
 	// ParamBF16 and ReduceBF16 are titan's own mixed precision on the CPU
 	// backend (training.mixed_precision_param and mixed_precision_reduce
-	// "bfloat16", with State and Compute zero): every buffer stays
-	// float32 (the model widens bfloat16 values into float32 buffers) and
-	// FSDP adds its bfloat16 copies (fsdp.Runtime.BufferBytes): the
+	// "bfloat16", with State and Compute zero): the activations only
+	// bfloat16 products read (norm outputs, the SwiGLU product) are
+	// bfloat16 as the model lays them out (llama.Model.halfAct), every
+	// other buffer stays float32, and FSDP adds its bfloat16 copies (fsdp.Runtime.BufferBytes): the
 	// bfloat16 rounding of the parameter shards; without sharding the
 	// float32 copy of those roundings the model is bound to; with it the
 	// bfloat16 receive buffer of every gathered-unit buffer, and with
@@ -637,6 +638,11 @@ func llamaPlan(plan Plan, stage *llama.StageSpec) llama.Plan {
 	d := plan.Degrees
 	lp := llama.Plan{TP: d.TP, CP: d.CP, Stage: stage, LogitChunk: plan.LogitChunk,
 		Checkpoint: llama.ActivationCheckpoint{Mode: plan.Checkpoint.Mode, SelectiveOption: plan.Checkpoint.Option}}
+	if plan.Precision.ParamBF16 && plan.Precision.Compute == 0 {
+		// titan's CPU mixed precision lays some activations out in
+		// bfloat16; a runtime's Compute scales them all instead (scale).
+		lp.Precision = model.Precision{Param: backend.BFloat16}
+	}
 	if d.TP*d.CP > 1 {
 		lp.Comm = planOnly{}
 	}
@@ -748,6 +754,7 @@ type plannedKey struct {
 	mode, option  string
 	stage         llama.StageSpec
 	staged        bool
+	half          bool // bfloat16 activations (llamaPlan)
 }
 
 type plannedVal struct {
@@ -765,7 +772,8 @@ var plans sync.Map
 // (llama.ActivationBytesFor, llama.SplitBytesFor, llama.HostBytesFor),
 // memoized.
 func planned(c llama.Config, rows, T int, lp llama.Plan) (v plannedVal) {
-	k := plannedKey{cfg: c, rows: rows, T: T, tp: lp.TP, cp: lp.CP, chunk: lp.LogitChunk, mode: lp.Checkpoint.Mode, option: lp.Checkpoint.SelectiveOption}
+	k := plannedKey{cfg: c, rows: rows, T: T, tp: lp.TP, cp: lp.CP, chunk: lp.LogitChunk, mode: lp.Checkpoint.Mode, option: lp.Checkpoint.SelectiveOption,
+		half: lp.Precision.BF16()}
 	if lp.Stage != nil {
 		k.stage, k.staged = *lp.Stage, true
 	}

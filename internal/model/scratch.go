@@ -43,25 +43,30 @@ func (h *HostScratch) Float32s(name string, n int) []float32 {
 // first part to ask allocates it; a part that finds it holding the
 // state of another part's pass (see Claim) treats it as overwritten.
 type ActivationScratch struct {
-	buf  backend.Tensor
-	last any
+	buf, bufH backend.Tensor
+	taken     bool
+	last      any
 }
 
-// Take returns the scratch, n float32s on be, allocating it on the first
-// call; every later call must ask for the same n (the sets of one stage
-// plan the same shapes).
-func (s *ActivationScratch) Take(be backend.Backend, n int) (backend.Tensor, error) {
-	if s.buf.Mem == nil {
+// Take returns the scratch, n float32s and nh bfloat16s on be, allocating
+// it on the first call; every later call must ask for the same sizes
+// (the sets of one stage plan the same shapes).
+func (s *ActivationScratch) Take(be backend.Backend, n, nh int) (f32, bf16 backend.Tensor, err error) {
+	if !s.taken {
+		s.taken = true
 		s.buf = be.Alloc(backend.Float32, n)
+		if nh > 0 {
+			s.bufH = be.Alloc(backend.BFloat16, nh)
+		}
 	}
-	if s.buf.Len != n {
-		return backend.Tensor{}, fmt.Errorf("model: activation scratch of %d elements asked for %d", s.buf.Len, n)
+	if s.buf.Len != n || s.bufH.Len != nh {
+		return backend.Tensor{}, backend.Tensor{}, fmt.Errorf("model: activation scratch of %d float32 and %d bfloat16 elements asked for %d and %d", s.buf.Len, s.bufH.Len, n, nh)
 	}
-	return s.buf, nil
+	return s.buf, s.bufH, nil
 }
 
 // Bytes is the scratch's allocated size.
-func (s *ActivationScratch) Bytes() int64 { return int64(s.buf.Len) * 4 }
+func (s *ActivationScratch) Bytes() int64 { return int64(s.buf.Len)*4 + int64(s.bufH.Len)*2 }
 
 // Claim records that part p runs a pass on the scratch now and reports
 // whether p ran the previous one too (so that what p's last pass left in

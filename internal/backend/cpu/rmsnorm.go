@@ -63,24 +63,28 @@ func rmsDot3(a, b, c []float32) float32 {
 // RMSNormForward computes out[i,:] = inp[i,:] * rstd[i] * weight with
 // rstd[i] = 1/sqrt(mean(inp[i,:]^2) + eps), saving rstd. out may alias inp.
 // The sum of squares runs in the lane order of rmsLanes, rstd is rounded
-// from float64, and each output is (inp*rstd)*weight.
+// from float64, and each output is (inp*rstd)*weight; a bfloat16 out
+// holds each output rounded to nearest even.
 func (b *Backend) RMSNormForward(out, rstd, inp, weight backend.Tensor, N, C int, eps float32) {
 	const op = "RMSNormForward"
-	o := f32n(op, "out", out, N*C)
+	o := outF32OrBF16(op, out, N*C)
 	rs := f32n(op, "rstd", rstd, N)
 	x := f32n(op, "inp", inp, N*C)
 	w := f32n(op, "weight", weight, C)
 	b.pool.For(N, rowGrain(C), func(lo, hi int) {
+		var buf [bf16Run]float32
 		for i := lo; i < hi; i++ {
 			xi := x[i*C : (i+1)*C]
-			oi := o[i*C : (i+1)*C][:len(xi)]
 			wi := w[:len(xi)]
 			ms := rmsSumSquares(xi) / float32(C)
 			r := float32(1 / math.Sqrt(float64(ms+eps)))
 			rs[i] = r
-			for j := rmsScaleBlocks(oi, xi, wi, r); j < len(xi); j++ {
-				oi[j] = xi[j] * r * wi[j]
-			}
+			o.each(i*C, len(xi), buf[:], func(dst []float32, j int) {
+				x, w := xi[j:j+len(dst)], wi[j:j+len(dst)]
+				for k := rmsScaleBlocks(dst, x, w, r); k < len(dst); k++ {
+					dst[k] = x[k] * r * w[k]
+				}
+			})
 		}
 	})
 }

@@ -3,22 +3,24 @@ package cpu
 import "github.com/titan-go/titan/internal/backend"
 
 // SwiGLUForward computes out = silu(gate) * up over n elements, where
-// silu(x) = x * sigmoid(x), as (x*sigmoid(x))*up. out may alias gate or up.
+// silu(x) = x * sigmoid(x), as (x*sigmoid(x))*up. out may alias gate or
+// up; a bfloat16 out holds each result rounded to nearest even.
 func (b *Backend) SwiGLUForward(out, gate, up backend.Tensor, n int) {
 	const op = "SwiGLUForward"
-	o := f32n(op, "out", out, n)
+	o := outF32OrBF16(op, out, n)
 	g := f32n(op, "gate", gate, n)
 	u := f32n(op, "up", up, n)
 	b.pool.For(n, elemGrain/4, func(lo, hi int) {
-		g := g[lo:hi]
-		o := o[lo:hi][:len(g)]
-		u := u[lo:hi][:len(g)]
-		for i := 0; i < len(g); {
-			i += swigluFwdBlocks(o[i:], g[i:], u[i:])
-			k := min(len(g)-i, swigluRun())
-			swigluFwdGo(o[i:i+k], g[i:i+k], u[i:i+k])
-			i += k
-		}
+		var buf [bf16Run]float32
+		o.each(lo, hi-lo, buf[:], func(o []float32, j int) {
+			g, u := g[lo+j:lo+j+len(o)], u[lo+j:lo+j+len(o)]
+			for i := 0; i < len(g); {
+				i += swigluFwdBlocks(o[i:], g[i:], u[i:])
+				k := min(len(g)-i, swigluRun())
+				swigluFwdGo(o[i:i+k], g[i:i+k], u[i:i+k])
+				i += k
+			}
+		})
 	})
 }
 

@@ -173,9 +173,28 @@ func (b *Backend) RMSNormForward(out, rstd, inp, weight backend.Tensor, N, C int
 	if N == 0 {
 		return
 	}
+	po, done := b.f32Out(op, out, N*C)
+	defer done()
 	b.launch(op, "rmsnorm_fwd", Dim3{uint32(N), 1, 1}, Dim3{rowBlock, 1, 1},
-		f32p(op, "out", out, N*C), f32p(op, "rstd", rstd, N), f32p(op, "inp", inp, N*C), f32p(op, "weight", weight, C),
+		po, f32p(op, "rstd", rstd, N), f32p(op, "inp", inp, N*C), f32p(op, "weight", weight, C),
 		int32(N), int32(C), eps)
+}
+
+// f32Out returns where an operation writes its n float32 results for
+// out: out itself when it is float32; for a bfloat16 out, scratch
+// memory that done rounds into it (nearest even, as the CPU backend).
+// Call done after the launch.
+func (b *Backend) f32Out(op string, out backend.Tensor, n int) (p uintptr, done func()) {
+	if out.Mem == nil || out.DType() != backend.BFloat16 {
+		return f32p(op, "out", out, n), func() {}
+	}
+	d := ptr(op, "out", out, backend.BFloat16, n)
+	b.mu.Lock()
+	s := b.scratchBytes(4 * n)
+	return s, func() {
+		defer b.mu.Unlock()
+		b.launch(op, "cast_f32_to_bf16", elemGrid(n), Dim3{elemBlock, 1, 1}, d, s, int64(n))
+	}
 }
 
 // RMSNormBackward accumulates dinp and dweight.
@@ -299,10 +318,12 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse backend.
 		append([]any{f32p(op, "dk", dk, nk), f32p(op, "dv", dv, nk), pdo, pq, pk, pv, plse, D}, attArgs(d)...)...)
 }
 
-// SwiGLUForward computes out = silu(gate) * up.
+// SwiGLUForward computes out = silu(gate) * up (float32 or bfloat16 out).
 func (b *Backend) SwiGLUForward(out, gate, up backend.Tensor, n int) {
 	const op = "SwiGLUForward"
-	b.launch(op, "swiglu_fwd", elemGrid(n), Dim3{elemBlock, 1, 1}, f32p(op, "out", out, n), f32p(op, "gate", gate, n), f32p(op, "up", up, n), int64(n))
+	po, done := b.f32Out(op, out, n)
+	defer done()
+	b.launch(op, "swiglu_fwd", elemGrid(n), Dim3{elemBlock, 1, 1}, po, f32p(op, "gate", gate, n), f32p(op, "up", up, n), int64(n))
 }
 
 // SwiGLUBackward accumulates dgate and dup.

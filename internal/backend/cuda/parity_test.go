@@ -271,6 +271,10 @@ func TestNorms(t *testing.T) {
 			p.c.RMSNormForward(out.c, rstd.c, x.c, w.c, N, C, 1e-5)
 			p.check(t, "rmsnorm.out", out, 1e-6, loose)
 			p.check(t, "rmsnorm.rstd", rstd, 1e-6, loose)
+			// A bfloat16 output is the device's float32 one, rounded.
+			outH := p.g.Alloc(backend.BFloat16, N*C)
+			p.g.RMSNormForward(outH, rstd.g, x.g, w.g, N, C, 1e-5)
+			checkRounded(t, "rmsnorm.out bf16", p.g, outH, out.g)
 			dout, dx, dw := p.rand(N*C, 1), p.rand(N*C, 0.1), p.rand(C, 0.1)
 			p.g.RMSNormBackward(dx.g, dw.g, dout.g, x.g, w.g, rstd.c2g(p), N, C)
 			p.c.RMSNormBackward(dx.c, dw.c, dout.c, x.c, w.c, rstd.c, N, C)
@@ -290,6 +294,20 @@ func TestNorms(t *testing.T) {
 			p.check(t, "layernorm.dweight", dw, 1e-4, loose)
 			p.check(t, "layernorm.dbias", db, 1e-5, loose)
 		})
+	}
+}
+
+// checkRounded fails the test unless the bfloat16 tensor got on be holds
+// the nearest-even rounding of every element of the float32 tensor want.
+func checkRounded(t *testing.T, name string, be backend.Backend, got, want backend.Tensor) {
+	t.Helper()
+	h, f := make([]uint16, got.Len), make([]float32, want.Len)
+	be.Download(h, got)
+	be.Download(f, want)
+	for i, v := range f {
+		if w := numeric.Float32ToBF16(v); h[i] != w {
+			t.Fatalf("%s[%d] = %#04x, want %#04x (the rounding of %v)", name, i, h[i], w, v)
+		}
 	}
 }
 
@@ -370,6 +388,9 @@ func TestActivations(t *testing.T) {
 	p.g.SwiGLUForward(out.g, g.g, u.g, n)
 	p.c.SwiGLUForward(out.c, g.c, u.c, n)
 	p.check(t, "SwiGLUForward", out, 1e-7, tight)
+	outH := p.g.Alloc(backend.BFloat16, n)
+	p.g.SwiGLUForward(outH, g.g, u.g, n)
+	checkRounded(t, "SwiGLUForward bf16", p.g, outH, out.g)
 	d, dg, du := p.rand(n, 1), p.rand(n, 1), p.rand(n, 1)
 	p.g.SwiGLUBackward(dg.g, du.g, d.g, g.g, u.g, n)
 	p.c.SwiGLUBackward(dg.c, du.c, d.c, g.c, u.c, n)

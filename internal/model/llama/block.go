@@ -30,13 +30,14 @@ type layerActs struct {
 // actFields lists the views of a layerActs (see actField).
 func (m *Model) actFields(a *layerActs) []actField {
 	N, n, D := m.N, m.n, m.Cfg.Dim
+	norm := m.tp() == 1 // gathered from float32 host buffers under tp
 	return []actField{
-		{&a.attnNorm, N * D, true}, {&a.attnRstd, n, true},
-		{&a.q, N * m.nq, false}, {&a.k, N * m.nkvd, false}, {&a.v, N * m.nkvd, false},
-		{&a.attn, N * m.nq, false}, {&a.lse, N * m.nh, false},
-		{&a.mid, n * D, false},
-		{&a.ffnNorm, N * D, true}, {&a.ffnRstd, n, true},
-		{&a.h1, N * m.f, false}, {&a.h3, N * m.f, false}, {&a.hs, N * m.f, true},
+		{&a.attnNorm, N * D, true, norm}, {&a.attnRstd, n, true, false},
+		{&a.q, N * m.nq, false, false}, {&a.k, N * m.nkvd, false, false}, {&a.v, N * m.nkvd, false, false},
+		{&a.attn, N * m.nq, false, false}, {&a.lse, N * m.nh, false, false},
+		{&a.mid, n * D, false, false},
+		{&a.ffnNorm, N * D, true, norm}, {&a.ffnRstd, n, true, false},
+		{&a.h1, N * m.f, false, false}, {&a.h3, N * m.f, false, false}, {&a.hs, N * m.f, true, true},
 	}
 }
 

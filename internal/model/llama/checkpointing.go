@@ -94,13 +94,16 @@ type actField struct {
 	t     *backend.Tensor
 	n     int
 	cheap bool
+	// half: bfloat16 under mixed precision (read only by bfloat16
+	// products, see Model.halfAct).
+	half bool
 }
 
 // planActs lays out the activation sets layers (one per layer, policy
 // giving each one's policy), as Model.carve describes: the views a layer
 // keeps for its backward with keep, the one scratch set its recomputed
 // views share with temp; fields lists the views of one set.
-func planActs[A any](policy []layerPolicy, layers []A, fields func(*A) []actField, keep, temp func(n int) backend.Tensor) {
+func planActs[A any](policy []layerPolicy, layers []A, fields func(*A) []actField, keep, temp func(n int, half bool) backend.Tensor) {
 	var shared A
 	sharedDone := false
 	full := hasPolicy(policy, recomputeLayer)
@@ -112,7 +115,7 @@ func planActs[A any](policy []layerPolicy, layers []A, fields func(*A) []actFiel
 			// The scratch set holds whatever any policy recomputes.
 			for _, f := range fields(&shared) {
 				if full || f.cheap {
-					*f.t = temp(f.n)
+					*f.t = temp(f.n, f.half)
 				}
 			}
 			sharedDone = true
@@ -127,7 +130,7 @@ func planActs[A any](policy []layerPolicy, layers []A, fields func(*A) []actFiel
 	for l, p := range policy {
 		for _, f := range fields(&layers[l]) {
 			if p == keepAll || (p == recomputeOps && !f.cheap) {
-				*f.t = keep(f.n)
+				*f.t = keep(f.n, f.half)
 			}
 		}
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/float8"
+	"github.com/titan-go/titan/internal/numeric"
 )
 
 // This file is the model's linear layers in their precision (see
@@ -142,6 +143,19 @@ func hostOf(t backend.Tensor) []float32 {
 	return h
 }
 
+// hostIn is hostOf for a linear layer's input, which may be a bfloat16
+// activation (Model.halfAct): that one is widened (exactly) into buf,
+// which the cast then overwrites in place.
+func hostIn(buf []float32, inp backend.Tensor) []float32 {
+	h, ok := inp.HostBF16()
+	if !ok || inp.Mem == nil || inp.DType() != backend.BFloat16 {
+		return hostOf(inp)
+	}
+	buf = buf[:len(h)]
+	numeric.BF16sToFloat32(buf, h)
+	return buf
+}
+
 // cast8 casts src [rows, cols] into dst with the recipe's granularity:
 // by tensor (one scale, returned as a 1-vector), by row, or by column.
 type granularity uint8
@@ -176,7 +190,7 @@ func (m *Model) f8Forward(k linKey, out, inp, w backend.Tensor, N, in, outDim in
 	if m.Precision.Float8.Recipe != float8.Tensorwise {
 		g, pow2 = byRow, true
 	}
-	sx := cast8(a, hostOf(inp), N, in, float8.E4M3, g, pow2)
+	sx := cast8(a, hostIn(a, inp), N, in, float8.E4M3, g, pow2)
 	var sw []float32
 	if s, ok := m.f8pre[k]; ok {
 		tb, sw = w, []float32{s}
@@ -221,10 +235,10 @@ func (m *Model) f8WeightGrad(dw, dout, inp backend.Tensor, N, in, outDim int) {
 	var sg, sx []float32
 	if m.Precision.Float8.Recipe == float8.Tensorwise {
 		sg = cast8(a, hostOf(dout), N, outDim, float8.E5M2, byTensor, false)
-		sx = cast8(b, hostOf(inp), N, in, float8.E4M3, byTensor, false)
+		sx = cast8(b, hostIn(b, inp), N, in, float8.E4M3, byTensor, false)
 	} else {
 		sg = cast8(a, hostOf(dout), N, outDim, float8.E4M3, byCol, true)
-		sx = cast8(b, hostOf(inp), N, in, float8.E4M3, byCol, true)
+		sx = cast8(b, hostIn(b, inp), N, in, float8.E4M3, byCol, true)
 	}
 	m.be.GemmBF16(true, false, outDim, in, N, 1, ta, outDim, tb, in, 0, tc, in)
 	float8.Unscale(hostOf(dw), in, c, outDim, in, sg, sx, 1)

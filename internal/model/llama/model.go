@@ -94,6 +94,7 @@ type Model struct {
 	lossSum          float64
 	haveTargets      bool
 	keptN, tempN     int // activation floats kept per set, and of the shared scratch
+	keptHN, tempHN   int // the same of bfloat16 activations (see halfAct)
 	scratchLayer     int // layer whose activations the shared scratch set holds; -1: none
 	recomputed       int // layer recomputations so far (for tests)
 	// douts and pending are a split backward's kept output gradients and
@@ -123,18 +124,24 @@ func New(be backend.Backend, cfg Config, B, T int, plan Plan) (*Model, error) {
 		m.Params, m.Grads = be.Alloc(backend.Float32, n), be.Alloc(backend.Float32, n)
 		m.Bind(m.Params, m.Grads)
 	}
-	var kept, temp backend.Tensor
+	var kept, keptH, temp, tempH backend.Tensor
 	if m.keptN > 0 {
 		kept = be.Alloc(backend.Float32, m.keptN)
 	}
+	if m.keptHN > 0 {
+		keptH = be.Alloc(backend.BFloat16, m.keptHN)
+	}
 	if plan.Scratch != nil {
-		if temp, err = plan.Scratch.Take(be, m.tempN); err != nil {
+		if temp, tempH, err = plan.Scratch.Take(be, m.tempN, m.tempHN); err != nil {
 			return nil, fmt.Errorf("llama: %w", err)
 		}
 	} else {
 		temp = be.Alloc(backend.Float32, m.tempN)
+		if m.tempHN > 0 {
+			tempH = be.Alloc(backend.BFloat16, m.tempHN)
+		}
 	}
-	m.carve(slicer(kept), slicer(temp))
+	m.carve(slicer(kept), slicer(temp), slicer(keptH), slicer(tempH))
 	cos, sin := cfg.RoPETables(T)
 	m.cos, m.sin = be.Alloc(backend.Float32, len(cos)), be.Alloc(backend.Float32, len(sin))
 	be.Upload(m.cos, cos)
@@ -190,7 +197,7 @@ func ActivationBytesFor(cfg Config, B, T int, plan Plan) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return int64(m.keptN+m.tempN) * 4, nil
+	return int64(m.keptN+m.tempN)*4 + int64(m.keptHN+m.tempHN)*2, nil
 }
 
 // SharedBytesFor is the part of ActivationBytesFor that a pass needs only
@@ -202,7 +209,7 @@ func SharedBytesFor(cfg Config, B, T int, plan Plan) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return int64(m.tempN) * 4, nil
+	return int64(m.tempN)*4 + int64(m.tempHN)*2, nil
 }
 
 // SplitBytesFor is the memory (bytes) that ReserveSplit adds to a part
@@ -283,13 +290,13 @@ func planModel(cfg Config, B, T int, plan Plan) (*Model, error) {
 	if err := m.planFloat8(); err != nil {
 		return nil, err
 	}
-	m.carve(func(n int) backend.Tensor {
-		m.keptN += n
-		return backend.Tensor{}
-	}, func(n int) backend.Tensor {
-		m.tempN += n
-		return backend.Tensor{}
-	})
+	count := func(c *int) func(n int) backend.Tensor {
+		return func(n int) backend.Tensor {
+			*c += n
+			return backend.Tensor{}
+		}
+	}
+	m.carve(count(&m.keptN), count(&m.tempN), count(&m.keptHN), count(&m.tempHN))
 	return m, nil
 }
 
@@ -300,14 +307,25 @@ func planModel(cfg Config, B, T int, plan Plan) (*Model, error) {
 // a pass needs only while it runs from temp (the recomputed layers'
 // scratch set, forward temporaries, a stage's output, the backward's
 // buffers and activation gradients).
-func (m *Model) carve(keep, temp func(n int) backend.Tensor) {
+//
+// keepH and tempH are the same for the activations a layer holds in
+// bfloat16 under mixed precision (see halfAct).
+func (m *Model) carve(keep, temp, keepH, tempH func(n int) backend.Tensor) {
 	N, n, D := m.N, m.n, m.Cfg.Dim
 	head := temp // what only the head's backward reads
 	if m.Spec.Head {
 		head = keep
 	}
 	m.layers = make([]layerActs, m.nLayers)
-	planActs(m.policy, m.layers, m.actFields, keep, temp)
+	pick := func(f32, bf16 func(int) backend.Tensor) func(int, bool) backend.Tensor {
+		return func(n int, half bool) backend.Tensor {
+			if half && m.halfAct() {
+				return bf16(n)
+			}
+			return f32(n)
+		}
+	}
+	planActs(m.policy, m.layers, m.actFields, pick(keep, keepH), pick(temp, tempH))
 	m.resid = make([]backend.Tensor, m.nLayers+1)
 	for l := range m.nLayers {
 		m.resid[l] = keep(n * D)
@@ -403,15 +421,23 @@ func (m *Model) Replicated() []Unit {
 // (see ActivationCheckpoint), the temporaries and the activation
 // gradients.
 func (m *Model) ActivationBytes() int64 {
-	n := int64(m.keptN)
+	n, h := int64(m.keptN), int64(m.keptHN)
 	if m.Scratch == nil {
-		n += int64(m.tempN)
+		n, h = n+int64(m.tempN), h+int64(m.tempHN)
 	}
 	for _, o := range m.douts {
 		n += int64(o.ffnOut.Len + o.h1.Len + o.h3.Len + o.attnOut.Len + o.qr.Len + o.kr.Len + o.v.Len)
 	}
-	return n * 4
+	return n*4 + h*2
 }
+
+// halfAct reports whether the activations that only bfloat16 products
+// read (the norm outputs and the SwiGLU product, actField.half) are held
+// in bfloat16: under bfloat16 mixed precision. The products round their
+// operands to bfloat16 anyway, so the results are the same bits as from
+// float32 buffers, at half the memory and half the bytes the products'
+// packing reads.
+func (m *Model) halfAct() bool { return m.Precision.BF16() }
 
 // claim starts a pass on the activation scratch: when it is shared and
 // another model ran a pass on it since this one's last, the recomputed

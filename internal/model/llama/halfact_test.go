@@ -1,0 +1,73 @@
+package llama
+
+import (
+	"testing"
+
+	"github.com/titan-go/titan/internal/backend"
+	"github.com/titan-go/titan/internal/backend/cpu"
+	"github.com/titan-go/titan/internal/model"
+)
+
+// TestHalfActivations: under bfloat16 mixed precision the activations
+// only bfloat16 products read — both norm outputs and the SwiGLU product
+// of every layer — are bfloat16 tensors and every other one float32;
+// the model's activation memory is the float32 model's less two bytes
+// per element of them (kept per layer without checkpointing, once in the
+// recomputation scratch under full checkpointing), and ActivationBytesFor
+// plans exactly what New allocates. The products give the same bits from
+// either (checked end to end: titan train's losses are unchanged).
+func TestHalfActivations(t *testing.T) {
+	cfg := Config{Dim: 32, NLayers: 3, NHeads: 4, NKVHeads: 2, VocabSize: 61, MultipleOf: 16, NormEps: 1e-5, RoPETheta: 10000, MaxSeqLen: 16}
+	const B, T = 2, 8
+	be := cpu.New(1)
+	defer be.Close()
+	N, D, F := B*T, cfg.Dim, cfg.FFNHidden()
+	half := int64(2*N*D+N*F) * 2 // bytes saved per set of the three
+	for _, tc := range []struct {
+		mode string
+		sets int64 // sets of the three: one per layer, or the scratch's
+	}{{"none", int64(cfg.NLayers)}, {"full", 1}} {
+		t.Run(tc.mode, func(t *testing.T) {
+			var bytes [2]int64
+			for i, p := range []backend.DType{backend.Float32, backend.BFloat16} {
+				plan := Plan{Checkpoint: ActivationCheckpoint{Mode: tc.mode}, Precision: model.Precision{Param: p}}
+				m, err := New(be, cfg, B, T, plan)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want, err := ActivationBytesFor(cfg, B, T, plan)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := m.ActivationBytes(); got != want {
+					t.Errorf("%v: New allocated %d activation bytes, ActivationBytesFor planned %d", p, got, want)
+				}
+				bytes[i] = m.ActivationBytes()
+				for l := range m.layers {
+					a := &m.layers[l]
+					if tc.mode == "full" && l > 0 {
+						break // the layers share the scratch set
+					}
+					for _, f := range m.actFields(a) {
+						want := backend.Float32
+						if f.half && p == backend.BFloat16 {
+							want = backend.BFloat16
+						}
+						if f.t.Mem == nil {
+							continue // not held under this policy
+						}
+						if f.t.DType() != want {
+							t.Errorf("%v: layer %d activation of %d elements is %v, want %v", p, l, f.n, f.t.DType(), want)
+						}
+					}
+					if p == backend.BFloat16 && (a.attnNorm.DType() != backend.BFloat16 || a.ffnNorm.DType() != backend.BFloat16 || a.hs.DType() != backend.BFloat16) {
+						t.Errorf("layer %d: norm outputs and SwiGLU product %v, %v, %v, want bfloat16", l, a.attnNorm.DType(), a.ffnNorm.DType(), a.hs.DType())
+					}
+				}
+			}
+			if got := bytes[0] - bytes[1]; got != tc.sets*half {
+				t.Errorf("bfloat16 activations %d bytes below float32's, want %d × %d", got, tc.sets, half)
+			}
+		})
+	}
+}
