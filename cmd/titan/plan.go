@@ -33,7 +33,9 @@ gets, and the pipeline bubble by simulating the schedule.
 
 Clusters are configs/clusters/*.toml (` + "`titan plan --cluster x`" + ` lists them) or a
 path to such a file; "this" is this machine, calibrated by --calibrate
-(titan's own kernels and collectives; the file goes under the user's cache
+(titan's own kernels — GEMMs, attention over whole rows and as one rank's
+ring attention at each measured process count, the element-wise passes —
+its collectives and a short training step; the file goes under the user's cache
 folder, or --calibration / $TITAN_PLAN_CALIBRATION). GPU clusters are
 calibrated from one published configuration only (torchtitan's Llama 3.1 8B
 on 8 H100 with FSDP); --reference predicts every other published row.
@@ -119,7 +121,7 @@ batch, and ranks the layouts that fit by predicted tokens/s.`,
 	f.IntVar(&maxTP, "max-tp", 0, "largest tensor parallel degree --search tries (0: a node's devices)")
 	f.IntVar(&maxCP, "max-cp", 0, "largest context parallel degree --search tries (0: 8)")
 	f.BoolVar(&calibrate, "calibrate", false, "benchmark this machine's kernels and collectives and write the calibration")
-	f.IntSliceVar(&calNProcs, "calibrate-nproc", []int{2, 4}, "process counts --calibrate measures the collectives of")
+	f.IntSliceVar(&calNProcs, "calibrate-nproc", []int{2, 4}, "process counts --calibrate measures the collectives (and ring attention at that cp) of")
 	f.BoolVar(&reference, "reference", false, "predict torchtitan's published H100 rows from the calibration row and compare")
 	f.BoolVar(&compile, "compile", false, "GPU: fused element-wise kernels (torch.compile)")
 	f.BoolVar(&float8, "float8", false, "GPU: float8 linear layers")
