@@ -104,21 +104,12 @@ func BenchmarkRMSNorm(b *testing.B) {
 		x, w, d := upload(be, randF32(r, n, 1)), upload(be, randF32(r, sh.C, 1)), upload(be, randF32(r, n, 1))
 		out, rstd := be.Alloc(backend.Float32, n), be.Alloc(backend.Float32, sh.N)
 		dx, dw := be.Alloc(backend.Float32, n), be.Alloc(backend.Float32, sh.C)
-		for _, vec := range []bool{false, true} {
-			name := fmt.Sprintf("N%dxC%d/scalar", sh.N, sh.C)
-			if vec {
-				name = fmt.Sprintf("N%dxC%d/vector", sh.N, sh.C)
-			}
-			b.Run(name, func(b *testing.B) {
-				saved := useRMSNormAVX512
-				useRMSNormAVX512 = vec && saved
-				defer func() { useRMSNormAVX512 = saved }()
-				for b.Loop() {
-					be.RMSNormForward(out, rstd, x, w, sh.N, sh.C, 1e-5)
-					be.RMSNormBackward(dx, dw, d, x, w, rstd, sh.N, sh.C)
-				}
+		b.Run(fmt.Sprintf("N%dxC%d", sh.N, sh.C), func(b *testing.B) {
+			benchVector(b, &useRMSNormAVX512, func() {
+				be.RMSNormForward(out, rstd, x, w, sh.N, sh.C, 1e-5)
+				be.RMSNormBackward(dx, dw, d, x, w, rstd, sh.N, sh.C)
 			})
-		}
+		})
 	}
 }
 
