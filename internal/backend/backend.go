@@ -143,7 +143,8 @@ type Backend interface {
 	Download(dst any, src Tensor)
 	// Zero sets every element of t to zero.
 	Zero(t Tensor)
-	// Copy copies src into dst (same length and dtype).
+	// Copy copies src into dst (same length and dtype; or a float32 src
+	// into a bfloat16 dst, each element rounded to nearest even).
 	Copy(dst, src Tensor)
 	// Sync waits for all queued work (a no-op on the CPU).
 	Sync()
@@ -180,14 +181,17 @@ type Backend interface {
 
 	// RoPEForward rotates consecutive pairs (x[2i], x[2i+1]) of each head of
 	// inp [B, T, NH, HD] by the angle whose cos/sin are freqs[t, i] (tables
-	// [T, HD/2]); out may alias inp.
+	// [T, HD/2]); out may alias inp. out is float32, or bfloat16 as
+	// RMSNormForward's.
 	RoPEForward(out, inp, cos, sin Tensor, B, T, NH, HD int)
 	// RoPEBackward accumulates the inverse rotation of dout into dinp.
 	RoPEBackward(dinp, dout, cos, sin Tensor, B, T, NH, HD int)
 
 	// AttentionForward computes causal softmax(q k^T / sqrt(HD)) v without
 	// materialising the Tq×Tk matrix. out is [B, Tq, NH, HD]; lse
-	// [B, NH, Tq] receives each row's log-sum-exp for the backward.
+	// [B, NH, Tq] receives each row's log-sum-exp for the backward. With
+	// d.BF16, q, k and v may be bfloat16 (they are read only by the
+	// products), in the forward and in AttentionBackward.
 	AttentionForward(out, lse, q, k, v Tensor, d AttentionDims)
 	// AttentionBackward accumulates dq, dk, dv from dout, recomputing the
 	// probabilities from q, k, lse.

@@ -17,12 +17,13 @@ type Precision struct {
 	// matmul's operands), and so do attention's products (Q·Kᵀ, P·V and
 	// those of its backward: the probabilities are rounded to bfloat16
 	// before P·V, as a bfloat16 attention kernel does). The activations
-	// only those products read — the norms' outputs and SwiGLU's — are
-	// stored in bfloat16 (the same bits the products would round them
-	// to); everything else — the residual stream, RoPE, attention's
-	// inputs and output, the softmax and its statistics, the norms' and
-	// SwiGLU's arithmetic, the loss, the gradients and the optimizer —
-	// stays float32, in float32 buffers.
+	// only those products read — the norms' outputs, SwiGLU's and,
+	// without context parallelism, attention's q, k and v — are stored
+	// in bfloat16 (the same bits the products would round them to);
+	// everything else — the residual stream, RoPE's and the norms' and
+	// SwiGLU's arithmetic, attention's output, the softmax and its
+	// statistics, the logits and the loss, the gradients and the
+	// optimizer — stays float32, in float32 buffers.
 	Param backend.DType
 	// Float8 converts linear layers to float8 (nil: none).
 	Float8 *float8.Config

@@ -48,16 +48,53 @@ func newAttnGeom(op string, d backend.AttentionDims, tile int) attnGeom {
 	}
 }
 
-// mm is the tiles' product: sgemm, or with BF16 its bfloat16 twin.
+// mat is one of the matrices attention multiplies: float32, or bfloat16
+// (q, k and v of a BF16 call may be, see backend.AttentionDims).
+type mat struct {
+	f []float32
+	h []uint16
+}
+
+// f32Mat is the float32 matrix x.
+func f32Mat(x []float32) mat { return mat{f: x} }
+
+// attnMat returns the first n elements of q, k or v: float32, or
+// bfloat16 when the call's products are (d.BF16).
+func attnMat(op, name string, t backend.Tensor, n int, d backend.AttentionDims) mat {
+	if t.Mem == nil || t.DType() != backend.BFloat16 {
+		return mat{f: f32n(op, name, t, n)}
+	}
+	if !d.BF16 {
+		panic(fmt.Sprintf("cpu: %s: %s is bfloat16 but the products are float32 (AttentionDims.BF16 unset)", op, name))
+	}
+	h := u16(op, name, t)
+	if len(h) < n {
+		panic(fmt.Sprintf("cpu: %s: %s has %d elements, need %d", op, name, len(h), n))
+	}
+	return mat{h: h[:n:n]}
+}
+
+// operand is the n elements of x from off as a bfloat16 product's operand.
+func (x mat) operand(off, n int) gemm.Operand {
+	if x.h != nil {
+		if n == 0 {
+			return gemm.BF16(nil)
+		}
+		return gemm.BF16(x.h[off : off+n : off+n])
+	}
+	return gemm.F32(window(x.f, off, n))
+}
+
+// mm is the tiles' product: sgemm, or with BF16 its bfloat16 twin (the
+// only one that takes bfloat16 matrices).
 func (g *attnGeom) mm(transA, transB bool, m, n, k int, alpha float32,
-	a []float32, aOff, lda int, b []float32, bOff, ldb int, beta float32, c []float32, cOff, ldc int) {
+	a mat, aOff, lda int, b mat, bOff, ldb int, beta float32, c []float32, cOff, ldc int) {
 	if !g.BF16 {
-		sgemm(transA, transB, m, n, k, alpha, a, aOff, lda, b, bOff, ldb, beta, c, cOff, ldc)
+		sgemm(transA, transB, m, n, k, alpha, a.f, aOff, lda, b.f, bOff, ldb, beta, c, cOff, ldc)
 		return
 	}
 	sa, sb, sc := gemmSpans("attention", transA, transB, m, n, k, lda, ldb, ldc)
-	gemm.GemmBF16(nil, transA, transB, m, n, k, alpha,
-		gemm.F32(window(a, aOff, sa)), lda, gemm.F32(window(b, bOff, sb)), ldb, beta, window(c, cOff, sc), ldc)
+	gemm.GemmBF16(nil, transA, transB, m, n, k, alpha, a.operand(aOff, sa), lda, b.operand(bOff, sb), ldb, beta, window(c, cOff, sc), ldc)
 }
 
 // rowsNT computes the scores-like product c = alpha·X Yᵀ of the tile's
@@ -65,7 +102,7 @@ func (g *attnGeom) mm(transA, transB bool, m, n, k int, alpha float32,
 // with its cols keys (y from offset yOff) into c (leading dimension
 // tile, row 0 for query row r0), rows below cut.mid over cut.c1 keys
 // only.
-func (g *attnGeom) rowsNT(cut attnCut, r0, rows, cols, k int, alpha float32, x []float32, bi, i0, h int, y []float32, yOff int, c []float32) {
+func (g *attnGeom) rowsNT(cut attnCut, r0, rows, cols, k int, alpha float32, x mat, bi, i0, h int, y mat, yOff int, c []float32) {
 	T := g.tile
 	g.mm(false, true, cut.mid-r0, cut.c1, k, alpha, x, g.qOff(bi, i0+r0, h), g.qRow, y, yOff, g.kRow, 0, c, 0, T)
 	if cut.mid < rows {
@@ -77,11 +114,11 @@ func (g *attnGeom) rowsNT(cut attnCut, r0, rows, cols, k int, alpha float32, x [
 // rows r0..rows-1: s holds them from its row 0 (leading dimension tile)
 // over cols keys, y the keys from offset yOff, out the rows of head h of
 // batch bi from query i0. Rows below cut.mid sum over cut.c1 keys only.
-func (g *attnGeom) rowsNN(cut attnCut, r0, rows, cols int, alpha float32, s, y []float32, yOff int, beta float32, out []float32, bi, i0, h int) {
+func (g *attnGeom) rowsNN(cut attnCut, r0, rows, cols int, alpha float32, s []float32, y mat, yOff int, beta float32, out []float32, bi, i0, h int) {
 	T, HD := g.tile, g.HD
-	g.mm(false, false, cut.mid-r0, HD, cut.c1, alpha, s, 0, T, y, yOff, g.kRow, beta, out, g.qOff(bi, i0+r0, h), g.qRow)
+	g.mm(false, false, cut.mid-r0, HD, cut.c1, alpha, f32Mat(s), 0, T, y, yOff, g.kRow, beta, out, g.qOff(bi, i0+r0, h), g.qRow)
 	if cut.mid < rows {
-		g.mm(false, false, rows-cut.mid, HD, cols, alpha, s, (cut.mid-r0)*T, T, y, yOff, g.kRow, beta, out, g.qOff(bi, i0+cut.mid, h), g.qRow)
+		g.mm(false, false, rows-cut.mid, HD, cols, alpha, f32Mat(s), (cut.mid-r0)*T, T, y, yOff, g.kRow, beta, out, g.qOff(bi, i0+cut.mid, h), g.qRow)
 	}
 }
 
@@ -90,11 +127,11 @@ func (g *attnGeom) rowsNN(cut attnCut, r0, rows, cols int, alpha float32, s, y [
 // rows r0..rows-1 from its row 0 (leading dimension tile), x those rows
 // of head h of batch bi from query i0. Keys from cut.c1 on sum over the
 // rows from cut.rs only.
-func (g *attnGeom) keysTN(cut attnCut, r0, rows, cols int, alpha float32, s, x []float32, bi, i0, h int, dst []float32, kb, j0, kvh int) {
+func (g *attnGeom) keysTN(cut attnCut, r0, rows, cols int, alpha float32, s []float32, x mat, bi, i0, h int, dst []float32, kb, j0, kvh int) {
 	T, HD := g.tile, g.HD
-	g.mm(true, false, cut.c1, HD, rows-r0, alpha, s, 0, T, x, g.qOff(bi, i0+r0, h), g.qRow, 1, dst, g.kOff(kb, j0, kvh), g.kRow)
+	g.mm(true, false, cut.c1, HD, rows-r0, alpha, f32Mat(s), 0, T, x, g.qOff(bi, i0+r0, h), g.qRow, 1, dst, g.kOff(kb, j0, kvh), g.kRow)
 	if cut.c1 < cols && cut.rs < rows {
-		g.mm(true, false, cols-cut.c1, HD, rows-cut.rs, alpha, s, (cut.rs-r0)*T+cut.c1, T, x, g.qOff(bi, i0+cut.rs, h), g.qRow, 1, dst, g.kOff(kb, j0+cut.c1, kvh), g.kRow)
+		g.mm(true, false, cols-cut.c1, HD, rows-cut.rs, alpha, f32Mat(s), (cut.rs-r0)*T+cut.c1, T, x, g.qOff(bi, i0+cut.rs, h), g.qRow, 1, dst, g.kOff(kb, j0+cut.c1, kvh), g.kRow)
 	}
 }
 
@@ -158,9 +195,9 @@ func (b *Backend) AttentionForward(out, lse, q, k, v backend.Tensor, d backend.A
 	nq, nk := d.B*d.Tq*g.qRow, d.B*d.Tk*g.kRow
 	o := f32n(op, "out", out, nq)
 	ls := f32n(op, "lse", lse, d.B*d.NH*d.Tq)
-	qs := f32n(op, "q", q, nq)
-	ks := f32n(op, "k", k, nk)
-	vs := f32n(op, "v", v, nk)
+	qs := attnMat(op, "q", q, nq, d)
+	ks := attnMat(op, "k", k, nk, d)
+	vs := attnMat(op, "v", v, nk, d)
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -175,7 +212,7 @@ func (b *Backend) AttentionForward(out, lse, q, k, v backend.Tensor, d backend.A
 }
 
 // forwardTile computes the rows of query tile qt of head h of batch bi.
-func (g *attnGeom) forwardTile(buf, o, ls, qs, ks, vs []float32, bi, h, qt int) {
+func (g *attnGeom) forwardTile(buf, o, ls []float32, qs, ks, vs mat, bi, h, qt int) {
 	T, HD := g.tile, g.HD
 	kvh := h / g.group
 	i0 := qt * T
@@ -263,10 +300,10 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse backend.
 		dq:   f32n(op, "dq", dq, nq),
 		dk:   f32n(op, "dk", dk, nk),
 		dv:   f32n(op, "dv", dv, nk),
-		dout: f32n(op, "dout", dout, nq),
-		q:    f32n(op, "q", q, nq),
-		k:    f32n(op, "k", k, nk),
-		v:    f32n(op, "v", v, nk),
+		dout: f32Mat(f32n(op, "dout", dout, nq)),
+		q:    attnMat(op, "q", q, nq, d),
+		k:    attnMat(op, "k", k, nk, d),
+		v:    attnMat(op, "v", v, nk, d),
 		lse:  f32n(op, "lse", lse, d.B*d.NH*d.Tq),
 	}
 	o := f32n(op, "out", out, nq)
@@ -280,7 +317,7 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse backend.
 			bi, i := bt/d.Tq, bt%d.Tq
 			for h := 0; h < d.NH; h++ {
 				off := g.qOff(bi, i, h)
-				a.D[g.lseOff(bi, h, i)] = dot(a.dout[off:off+d.HD], o[off:off+d.HD])
+				a.D[g.lseOff(bi, h, i)] = dot(a.dout.f[off:off+d.HD], o[off:off+d.HD])
 			}
 		}
 	})
@@ -312,8 +349,9 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse backend.
 
 // attnBackwardArgs holds the slices of one AttentionBackward call.
 type attnBackwardArgs struct {
-	dq, dk, dv, dout, q, k, v, lse []float32
-	D                              []float32 // rowsum(dout*out), laid out like lse
+	dq, dk, dv, lse []float32
+	dout, q, k, v   mat
+	D               []float32 // rowsum(dout*out), laid out like lse
 }
 
 // backwardKV accumulates into dk and dv the key tile kt of key/value head

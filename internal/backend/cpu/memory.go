@@ -5,6 +5,7 @@ import (
 	"unsafe"
 
 	"github.com/titan-go/titan/internal/backend"
+	"github.com/titan-go/titan/internal/numeric"
 )
 
 // align is the byte alignment of every allocation (one cache line, one
@@ -202,6 +203,11 @@ func (b *Backend) Copy(dst, src backend.Tensor) {
 		panic(fmt.Sprintf("cpu: Copy: dst has %d elements, src %d", dst.Len, src.Len))
 	}
 	if dst.Len == 0 {
+		return
+	}
+	if dst.Mem != nil && src.Mem != nil && dst.Mem.DType == backend.BFloat16 && src.Mem.DType == backend.Float32 {
+		d, s := u16(op, "dst", dst), f32(op, "src", src)
+		b.pool.For(len(d), elemGrain, func(lo, hi int) { numeric.Float32sToBF16(d[lo:hi], s[lo:hi]) })
 		return
 	}
 	if dst.Mem == nil || src.Mem == nil || dst.Mem.DType != src.Mem.DType {

@@ -50,3 +50,48 @@ func sameRounding(t *testing.T, name string, be *Backend, got backend.Tensor, wa
 		}
 	}
 }
+
+// TestBF16QKV checks attention with bfloat16 queries, keys and values
+// against the same call on their float32 values: the products round
+// float32 operands to bfloat16 anyway, so the outputs, log-sum-exps and
+// gradients are bit for bit the same, tiny (subnormal after rounding)
+// inputs included; RoPEForward's and Copy's bfloat16 outputs are the
+// roundings of their float32 ones.
+func TestBF16QKV(t *testing.T) {
+	be := newTestBackend(t, 2)
+	be.attnTile = 16 // several tiles at this size
+	r := newRand(9)
+	d := backend.AttentionDims{B: 2, Tq: 40, Tk: 40, NH: 4, NKV: 2, HD: 16, BF16: true}
+	nq, nk := d.B*d.Tq*d.NH*d.HD, d.B*d.Tk*d.NKV*d.HD
+	qf, kf, vf := randF32(r, nq, 1), randF32(r, nk, 1), randF32(r, nk, 1)
+	qf[3], kf[5], vf[7] = 1e-39, -3e-40, 1e-41 // below bfloat16's normals
+	half := func(x []float32) backend.Tensor {
+		t := be.Alloc(backend.BFloat16, len(x))
+		be.Copy(t, upload(be, x))
+		return t
+	}
+	q, k, v := upload(be, qf), upload(be, kf), upload(be, vf)
+	qh, kh, vh := half(qf), half(kf), half(vf)
+	sameRounding(t, "Copy", be, qh, qf)
+	run := func(q, k, v backend.Tensor) [5][]float32 {
+		out, lse := be.Alloc(backend.Float32, nq), be.Alloc(backend.Float32, d.B*d.NH*d.Tq)
+		be.AttentionForward(out, lse, q, k, v, d)
+		dout := upload(be, randF32(newRand(10), nq, 1))
+		dq, dk, dv := be.Alloc(backend.Float32, nq), be.Alloc(backend.Float32, nk), be.Alloc(backend.Float32, nk)
+		be.AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse, d)
+		return [5][]float32{download(be, out), download(be, lse), download(be, dq), download(be, dk), download(be, dv)}
+	}
+	want, got := run(q, k, v), run(qh, kh, vh)
+	for i, name := range []string{"out", "lse", "dq", "dk", "dv"} {
+		sameBits(t, name, got[i], want[i])
+	}
+
+	B, T, NH, HD := 2, 5, 3, 8
+	n := B * T * NH * HD
+	x := upload(be, randF32(r, n, 2))
+	cs, sn := upload(be, randF32(r, T*HD/2, 1)), upload(be, randF32(r, T*HD/2, 1))
+	o, oh := be.Alloc(backend.Float32, n), be.Alloc(backend.BFloat16, n)
+	be.RoPEForward(o, x, cs, sn, B, T, NH, HD)
+	be.RoPEForward(oh, x, cs, sn, B, T, NH, HD)
+	sameRounding(t, "RoPEForward", be, oh, download(be, o))
+}

@@ -22,25 +22,34 @@ func ropeDims(op string, B, T, NH, HD int) int {
 //	out[2i]   = x[2i]*cos - x[2i+1]*sin
 //	out[2i+1] = x[2i]*sin + x[2i+1]*cos
 //
-// out may alias inp.
+// out may alias inp; a bfloat16 out (mixed precision's queries and keys,
+// read only by bfloat16 products) holds each result rounded to nearest
+// even.
 func (b *Backend) RoPEForward(out, inp, cos, sin backend.Tensor, B, T, NH, HD int) {
 	const op = "RoPEForward"
 	half := ropeDims(op, B, T, NH, HD)
 	n := B * T * NH * HD
-	o := f32n(op, "out", out, n)
+	o := outF32OrBF16(op, out, n)
 	x := f32n(op, "inp", inp, n)
 	cs := f32n(op, "cos", cos, T*half)
 	sn := f32n(op, "sin", sin, T*half)
 	row := NH * HD
 	b.pool.For(B*T, rowGrain(row), func(lo, hi int) {
+		var buf []float32 // whole heads, rounded into a bfloat16 out
+		if o.h != nil && HD > 0 {
+			buf = make([]float32, max(bf16Run/HD, 1)*HD)
+		}
 		for bt := lo; bt < hi; bt++ {
 			t := bt % T
 			c := cs[t*half : (t+1)*half]
 			s := sn[t*half : (t+1)*half][:len(c)]
-			xr, or := x[bt*row:(bt+1)*row], o[bt*row:(bt+1)*row]
-			if !ropeFwdVec(or, xr, c, s, NH) {
-				ropeFwdGo(or, xr, c, s, NH)
-			}
+			xr := x[bt*row : (bt+1)*row]
+			o.each(bt*row, row, buf, func(or []float32, j int) {
+				xs, heads := xr[j:j+len(or)], len(or)/max(HD, 1)
+				if !ropeFwdVec(or, xs, c, s, heads) {
+					ropeFwdGo(or, xs, c, s, heads)
+				}
+			})
 		}
 	})
 }

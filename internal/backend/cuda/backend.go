@@ -227,6 +227,10 @@ func (b *Backend) Copy(dst, src backend.Tensor) {
 	if dst.Len == 0 {
 		return
 	}
+	if dst.Mem != nil && src.Mem != nil && dst.Mem.DType == backend.BFloat16 && src.Mem.DType == backend.Float32 {
+		b.ToBF16(dst, src)
+		return
+	}
 	dt := src.Mem.DType
 	b.must("Copy", b.dev.CopyDtoD(ptr("Copy", "dst", dst, dt, dst.Len), ptr("Copy", "src", src, dt, src.Len), dst.Len*dt.Size()))
 }

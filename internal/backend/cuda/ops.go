@@ -231,7 +231,9 @@ func (b *Backend) RoPEForward(out, inp, cos, sin backend.Tensor, B, T, NH, HD in
 	const op = "RoPEForward"
 	ropeCheck(op, B, T, NH, HD)
 	n := B * T * NH * HD
-	b.launch(op, "rope_fwd", elemGrid(n/2), Dim3{elemBlock, 1, 1}, f32p(op, "out", out, n), f32p(op, "inp", inp, n),
+	po, done := b.f32Out(op, out, n)
+	defer done()
+	b.launch(op, "rope_fwd", elemGrid(n/2), Dim3{elemBlock, 1, 1}, po, f32p(op, "inp", inp, n),
 		f32p(op, "cos", cos, T*HD/2), f32p(op, "sin", sin, T*HD/2), int32(B), int32(T), int32(NH), int32(HD))
 }
 
@@ -291,9 +293,47 @@ func (b *Backend) AttentionForward(out, lse, q, k, v backend.Tensor, d backend.A
 		return
 	}
 	nq, nk := d.B*d.Tq*d.NH*d.HD, d.B*d.Tk*d.NKV*d.HD
-	args := append([]any{f32p(op, "out", out, nq), f32p(op, "lse", lse, d.B*d.NH*d.Tq), f32p(op, "q", q, nq),
-		f32p(op, "k", k, nk), f32p(op, "v", v, nk)}, attArgs(d)...)
+	pq, pk, pv, _, unlock := b.attnQKV(op, q, k, v, d, nq, nk, 0)
+	defer unlock()
+	args := append([]any{f32p(op, "out", out, nq), f32p(op, "lse", lse, d.B*d.NH*d.Tq), pq, pk, pv}, attArgs(d)...)
 	b.launch(op, "attention_fwd", Dim3{blocks(d.Tq, attWarps), uint32(d.NH), uint32(d.B)}, Dim3{attWarps * 32, 1, 1}, args...)
+}
+
+// attnQKV returns float32 pointers to q, k and v: their own, or for a
+// bfloat16 one (d.BF16: the kernels' products round to bfloat16 anyway)
+// its exact widening into scratch memory; rest is extra bytes of
+// scratch reserved for the caller. unlock releases the scratch.
+func (b *Backend) attnQKV(op string, q, k, v backend.Tensor, d backend.AttentionDims, nq, nk, extra int) (pq, pk, pv, rest uintptr, unlock func()) {
+	ts, names, ns := [3]backend.Tensor{q, k, v}, [3]string{"q", "k", "v"}, [3]int{nq, nk, nk}
+	half := func(t backend.Tensor) bool { return t.Mem != nil && t.DType() == backend.BFloat16 }
+	need := extra
+	for i, t := range ts {
+		if half(t) {
+			if !d.BF16 {
+				panic(fmt.Sprintf("cuda: %s: %s is bfloat16 but the products are float32 (AttentionDims.BF16 unset)", op, names[i]))
+			}
+			need += 4 * ns[i]
+		}
+	}
+	var ps [3]uintptr
+	if need == 0 {
+		for i, t := range ts {
+			ps[i] = f32p(op, names[i], t, ns[i])
+		}
+		return ps[0], ps[1], ps[2], 0, func() {}
+	}
+	b.mu.Lock()
+	s := b.scratchBytes(need)
+	off := s + uintptr(extra)
+	for i, t := range ts {
+		if !half(t) {
+			ps[i] = f32p(op, names[i], t, ns[i])
+			continue
+		}
+		b.launch(op, "cast_bf16_to_f32", elemGrid(ns[i]), Dim3{elemBlock, 1, 1}, off, ptr(op, names[i], t, backend.BFloat16, ns[i]), int64(ns[i]))
+		ps[i], off = off, off+uintptr(4*ns[i])
+	}
+	return ps[0], ps[1], ps[2], s, b.mu.Unlock
 }
 
 // AttentionBackward accumulates dq, dk and dv.
@@ -304,11 +344,9 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse backend.
 		return
 	}
 	nq, nk, nl := d.B*d.Tq*d.NH*d.HD, d.B*d.Tk*d.NKV*d.HD, d.B*d.NH*d.Tq
-	pdo, pq, pk, pv := f32p(op, "dout", dout, nq), f32p(op, "q", q, nq), f32p(op, "k", k, nk), f32p(op, "v", v, nk)
-	plse := f32p(op, "lse", lse, nl)
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	D := b.scratchBytes(nl * 4)
+	pdo, plse := f32p(op, "dout", dout, nq), f32p(op, "lse", lse, nl)
+	pq, pk, pv, D, unlock := b.attnQKV(op, q, k, v, d, nq, nk, nl*4)
+	defer unlock()
 	rows := d.B * d.Tq * d.NH
 	b.launch(op, "attention_bwd_d", Dim3{blocks(rows, attWarps), 1, 1}, Dim3{attWarps * 32, 1, 1},
 		D, pdo, f32p(op, "out", out, nq), int32(d.B), int32(d.Tq), int32(d.NH), int32(d.HD))

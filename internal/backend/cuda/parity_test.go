@@ -381,6 +381,70 @@ func TestAttention(t *testing.T) {
 	}
 }
 
+// TestAttentionBF16Inputs: with bfloat16 products, bfloat16 q, k and v
+// give the device's results for their float32 values bit for bit (the
+// kernels round their operands to bfloat16 anyway), and Copy and
+// RoPEForward round into bfloat16 outputs.
+func TestAttentionBF16Inputs(t *testing.T) {
+	p := newPair(t)
+	d := backend.AttentionDims{B: 2, Tq: 37, Tk: 37, NH: 4, NKV: 2, HD: 24, BF16: true}
+	nq, nk, nl := d.B*d.Tq*d.NH*d.HD, d.B*d.Tk*d.NKV*d.HD, d.B*d.NH*d.Tq
+	g := p.g
+	half := func(x both) backend.Tensor {
+		h := g.Alloc(backend.BFloat16, x.g.Len)
+		g.Copy(h, x.g)
+		checkRounded(t, "Copy", g, h, x.g)
+		return h
+	}
+	// Values that bfloat16 holds exactly, so that both calls see the same.
+	exact := func(n int) both {
+		x := p.rand(n, 1)
+		h := half(x)
+		f := g.Alloc(backend.Float32, n)
+		bits := make([]uint16, n)
+		g.Download(bits, h)
+		w := make([]float32, n)
+		for i, b := range bits {
+			w[i] = numeric.BF16ToFloat32(b)
+		}
+		g.Upload(f, w)
+		return both{g: f}
+	}
+	q, k, v := exact(nq), exact(nk), exact(nk)
+	dout := p.rand(nq, 1)
+	run := func(q, k, v backend.Tensor) [5][]float32 {
+		out, lse := g.Alloc(backend.Float32, nq), g.Alloc(backend.Float32, nl)
+		g.AttentionForward(out, lse, q, k, v, d)
+		dq, dk, dv := g.Alloc(backend.Float32, nq), g.Alloc(backend.Float32, nk), g.Alloc(backend.Float32, nk)
+		g.Zero(dq)
+		g.Zero(dk)
+		g.Zero(dv)
+		g.AttentionBackward(dq, dk, dv, dout.g, q, k, v, out, lse, d)
+		var r [5][]float32
+		for i, x := range []backend.Tensor{out, lse, dq, dk, dv} {
+			r[i] = make([]float32, x.Len)
+			g.Download(r[i], x)
+		}
+		return r
+	}
+	want := run(q.g, k.g, v.g)
+	got := run(half(q), half(k), half(v))
+	for i, name := range []string{"out", "lse", "dq", "dk", "dv"} {
+		for j := range want[i] {
+			if math.Float32bits(got[i][j]) != math.Float32bits(want[i][j]) {
+				t.Fatalf("%s[%d] = %v from bfloat16 inputs, %v from float32", name, j, got[i][j], want[i][j])
+			}
+		}
+	}
+	B, T, NH, HD := 2, 5, 3, 8
+	n := B * T * NH * HD
+	x, cs, sn := p.rand(n, 2), p.rand(T*HD/2, 1), p.rand(T*HD/2, 1)
+	o, oh := g.Alloc(backend.Float32, n), g.Alloc(backend.BFloat16, n)
+	g.RoPEForward(o, x.g, cs.g, sn.g, B, T, NH, HD)
+	g.RoPEForward(oh, x.g, cs.g, sn.g, B, T, NH, HD)
+	checkRounded(t, "RoPEForward bf16", g, oh, o)
+}
+
 func TestActivations(t *testing.T) {
 	p := newPair(t)
 	const n = 3001

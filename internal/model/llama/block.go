@@ -31,9 +31,10 @@ type layerActs struct {
 func (m *Model) actFields(a *layerActs) []actField {
 	N, n, D := m.N, m.n, m.Cfg.Dim
 	norm := m.tp() == 1 // gathered from float32 host buffers under tp
+	qkv := m.cp() == 1  // ring attention stages k and v in float32 host buffers
 	return []actField{
 		{&a.attnNorm, N * D, true, norm}, {&a.attnRstd, n, true, false},
-		{&a.q, N * m.nq, false, false}, {&a.k, N * m.nkvd, false, false}, {&a.v, N * m.nkvd, false, false},
+		{&a.q, N * m.nq, false, qkv}, {&a.k, N * m.nkvd, false, qkv}, {&a.v, N * m.nkvd, false, qkv},
 		{&a.attn, N * m.nq, false, false}, {&a.lse, N * m.nh, false, false},
 		{&a.mid, n * D, false, false},
 		{&a.ffnNorm, N * D, true, norm}, {&a.ffnRstd, n, true, false},
@@ -54,14 +55,26 @@ func (m *Model) layerForward(l int, out bool) error {
 	if err != nil {
 		return err
 	}
+	// The projections, q and k rotated: in place, or through float32
+	// staging into bfloat16 activations (m.proj, see halfAct).
+	stage := func(dst backend.Tensor) backend.Tensor {
+		if m.proj.Mem != nil && dst.DType() == backend.BFloat16 {
+			return m.proj.Slice(0, dst.Len)
+		}
+		return dst
+	}
 	span = trace.Begin(trace.CatGEMM, "qkv")
-	m.linear(linKey{l, linWq}, a.q, a.attnNorm, p.Wq, N, D, m.nq, false)
-	m.linear(linKey{l, linWk}, a.k, a.attnNorm, p.Wk, N, D, m.nkvd, false)
-	m.linear(linKey{l, linWv}, a.v, a.attnNorm, p.Wv, N, D, m.nkvd, false)
+	q, k, v := stage(a.q), stage(a.k), stage(a.v)
+	m.linear(linKey{l, linWq}, q, a.attnNorm, p.Wq, N, D, m.nq, false)
+	m.rope(a.q, q, m.nh, false)
+	m.linear(linKey{l, linWk}, k, a.attnNorm, p.Wk, N, D, m.nkvd, false)
+	m.rope(a.k, k, m.nkv, false)
+	m.linear(linKey{l, linWv}, v, a.attnNorm, p.Wv, N, D, m.nkvd, false)
+	if v != a.v {
+		be.Copy(a.v, v)
+	}
 	span.End()
 	span = trace.Begin(trace.CatAttention, "attention")
-	m.rope(a.q, a.q, m.nh, false)
-	m.rope(a.k, a.k, m.nkv, false)
 	err = m.attention(a)
 	span.End()
 	if err != nil {

@@ -9,12 +9,13 @@ import (
 )
 
 // TestHalfActivations: under bfloat16 mixed precision the activations
-// only bfloat16 products read — both norm outputs and the SwiGLU product
-// of every layer — are bfloat16 tensors and every other one float32;
-// the model's activation memory is the float32 model's less two bytes
-// per element of them (kept per layer without checkpointing, once in the
-// recomputation scratch under full checkpointing), and ActivationBytesFor
-// plans exactly what New allocates. The products give the same bits from
+// only bfloat16 products read — both norm outputs, the SwiGLU product and
+// attention's q, k and v of every layer — are bfloat16 tensors and every
+// other one float32; the model's activation memory is the float32
+// model's less two bytes per element of them (kept per layer without
+// checkpointing, once in the recomputation scratch under full
+// checkpointing) plus the float32 staging of the projections, and
+// ActivationBytesFor plans exactly what New allocates. The products give the same bits from
 // either (checked end to end: titan train's losses are unchanged).
 func TestHalfActivations(t *testing.T) {
 	cfg := Config{Dim: 32, NLayers: 3, NHeads: 4, NKVHeads: 2, VocabSize: 61, MultipleOf: 16, NormEps: 1e-5, RoPETheta: 10000, MaxSeqLen: 16}
@@ -22,7 +23,9 @@ func TestHalfActivations(t *testing.T) {
 	be := cpu.New(1)
 	defer be.Close()
 	N, D, F := B*T, cfg.Dim, cfg.FFNHidden()
-	half := int64(2*N*D+N*F) * 2 // bytes saved per set of the three
+	Q, KV := cfg.NHeads*cfg.HeadDim(), cfg.KVHeads()*cfg.HeadDim()
+	half := int64(2*N*D+N*F+N*Q+2*N*KV) * 2 // bytes saved per set of the six
+	proj := int64(N*max(Q, KV)) * 4         // the float32 staging of q, k and v
 	for _, tc := range []struct {
 		mode string
 		sets int64 // sets of the three: one per layer, or the scratch's
@@ -60,13 +63,15 @@ func TestHalfActivations(t *testing.T) {
 							t.Errorf("%v: layer %d activation of %d elements is %v, want %v", p, l, f.n, f.t.DType(), want)
 						}
 					}
-					if p == backend.BFloat16 && (a.attnNorm.DType() != backend.BFloat16 || a.ffnNorm.DType() != backend.BFloat16 || a.hs.DType() != backend.BFloat16) {
-						t.Errorf("layer %d: norm outputs and SwiGLU product %v, %v, %v, want bfloat16", l, a.attnNorm.DType(), a.ffnNorm.DType(), a.hs.DType())
+					for _, x := range []backend.Tensor{a.attnNorm, a.ffnNorm, a.hs, a.q, a.k, a.v} {
+						if p == backend.BFloat16 && x.DType() != backend.BFloat16 {
+							t.Errorf("layer %d: a norm output, the SwiGLU product or q, k, v is %v, want bfloat16", l, x.DType())
+						}
 					}
 				}
 			}
-			if got := bytes[0] - bytes[1]; got != tc.sets*half {
-				t.Errorf("bfloat16 activations %d bytes below float32's, want %d × %d", got, tc.sets, half)
+			if got := bytes[0] - bytes[1]; got != tc.sets*half-proj {
+				t.Errorf("bfloat16 activations %d bytes below float32's, want %d × %d - %d", got, tc.sets, half, proj)
 			}
 		})
 	}

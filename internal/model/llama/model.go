@@ -86,6 +86,7 @@ type Model struct {
 	dq, dk, dv       backend.Tensor
 	dqr, dkr, dat    backend.Tensor
 	dh1, dh3, dhs    backend.Tensor
+	proj             backend.Tensor // float32 staging of a bfloat16 projection [N, max(nq, nkv)] (halfAct)
 	rk, rv, rdk, rdv backend.Tensor // ring buffers [N, kv] (cp > 1)
 	tOut, tLse       backend.Tensor // one ring block's attention (cp > 1)
 	hN, hn, hLoss    []float32
@@ -347,6 +348,9 @@ func (m *Model) carve(keep, temp, keepH, tempH func(n int) backend.Tensor) {
 	m.dq, m.dk, m.dv, m.dat = temp(N*m.nq), temp(N*m.nkvd), temp(N*m.nkvd), temp(N*m.nq)
 	m.dqr, m.dkr = temp(N*m.nq), temp(N*m.nkvd)
 	m.dh1, m.dh3, m.dhs = temp(N*m.f), temp(N*m.f), temp(N*m.f)
+	if m.halfAct() && m.cp() == 1 && m.nLayers > 0 {
+		m.proj = temp(N * max(m.nq, m.nkvd))
+	}
 	if m.cp() > 1 {
 		m.rk, m.rv, m.rdk, m.rdv = temp(N*m.nkvd), temp(N*m.nkvd), temp(N*m.nkvd), temp(N*m.nkvd)
 		m.tOut, m.tLse = temp(m.cchunk*m.nq), temp(m.nh*m.cchunk)
@@ -432,8 +436,9 @@ func (m *Model) ActivationBytes() int64 {
 }
 
 // halfAct reports whether the activations that only bfloat16 products
-// read (the norm outputs and the SwiGLU product, actField.half) are held
-// in bfloat16: under bfloat16 mixed precision. The products round their
+// read (the norm outputs, the SwiGLU product and, without context
+// parallelism, attention's q, k and v; actField.half) are held in
+// bfloat16: under bfloat16 mixed precision. The products round their
 // operands to bfloat16 anyway, so the results are the same bits as from
 // float32 buffers, at half the memory and half the bytes the products'
 // packing reads.
