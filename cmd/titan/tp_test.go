@@ -55,18 +55,15 @@ func TestTensorContextParallelMatchesOneProcess(t *testing.T) {
 			run(dump, append(args, c.extra...)...)
 			checkParity(t, c.name, one, dump, steps)
 			// Parameters, gradients and optimizer state shrink by tp
-			// and by the FSDP shard group dp_shard × cp (cp alone,
-			// without dp_shard, replicates).
-			want := float64(c.tp)
-			if c.shard > 1 {
-				want *= float64(c.shard * c.cp)
-			}
+			// and by the FSDP shard group dp_shard × cp (torchtitan's
+			// dp_shard_cp mesh: cp alone shards too).
+			want := float64(c.tp * c.shard * c.cp)
 			state := metricsColumn(t, dump, "state_gib")[1]
 			if ratio := state / refState[1] * want; math.Abs(ratio-1) > 0.1 {
 				t.Errorf("state per worker %.6f GiB, one process %.6f GiB: %.3f × the 1/%g share, want within 10%%", state, refState[1], ratio, want)
 			}
 			t.Logf("%s: state %.6f GiB per worker, %.4f of one process (ideal 1/%g)", c.name, state, state/refState[1], want)
-			if c.shard > 1 {
+			if c.shard*c.cp > 1 {
 				if g := metricsColumn(t, dump, "gathered_units")[steps]; g > 2 {
 					t.Errorf("%v gathered units alive at once, want at most 2 (the unit computing and the one prefetched)", g)
 				}

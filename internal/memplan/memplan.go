@@ -73,34 +73,18 @@ func cmp0(v, def int) int {
 // Degrees are the sizes of the parallel dimensions of a job's mesh.
 type Degrees struct {
 	PP, DPReplicate, DPShard, CP, TP int
-	// ShardCP shards the parameters over cp even when dp_shard is 1,
-	// as torchtitan's dp_shard_cp mesh does; titan's trainer then
-	// replicates them over cp (parallel.NewGroups). Only titan plan sets
-	// it, to predict torchtitan's published layouts.
-	ShardCP bool
 }
 
 // World is the number of ranks the degrees lay out.
 func (d Degrees) World() int { return d.PP * d.DPReplicate * d.DPShard * d.CP * d.TP }
 
 // ShardGroup is the size of the group parameters are sharded over:
-// dp_shard × cp when dp_shard > 1 (torchtitan shards over both) or
-// ShardCP, else 1.
-func (d Degrees) ShardGroup() int {
-	if d.DPShard > 1 || d.ShardCP {
-		return d.DPShard * max(d.CP, 1)
-	}
-	return 1
-}
+// dp_shard × cp, as parallel.NewGroups and torchtitan's dp_shard_cp mesh.
+func (d Degrees) ShardGroup() int { return max(d.DPShard, 1) * max(d.CP, 1) }
 
 // ReplicateGroup is the size of the group gradients are all-reduced
-// over: dp_replicate, times cp when dp_shard is 1 without ShardCP.
-func (d Degrees) ReplicateGroup() int {
-	if d.DPShard > 1 || d.ShardCP {
-		return max(d.DPReplicate, 1)
-	}
-	return max(d.DPReplicate, 1) * max(d.CP, 1)
-}
+// over: dp_replicate.
+func (d Degrees) ReplicateGroup() int { return max(d.DPReplicate, 1) }
 
 // String writes the degrees as the recipe's keys.
 func (d Degrees) String() string {
@@ -287,7 +271,7 @@ type Report struct {
 	// parameters, their gradients and the two AdamW moments.
 	Params, Grads, Optimizer int64
 	// FSDPBuffers are the gathered parameter units and the unit gradient
-	// buffers of sharded data parallelism (0 without dp_shard > 1).
+	// buffers of sharded data parallelism (0 when dp_shard × cp is 1).
 	FSDPBuffers int64
 	// Activations are the kept activations, the residual streams, the
 	// recomputation scratch, the logits chunk and the activation
@@ -463,7 +447,7 @@ func float8Gathers(plan Plan, rows int, specs []*llama.StageSpec) (float8Gather,
 func stateReport(plan Plan, units []int64, f8 float8Gather) Report {
 	d := plan.Degrees
 	// FSDP shards over dp_shard × cp (torchtitan's dp_shard_cp mesh, as
-	// parallel.NewGroups builds it); without dp_shard, cp replicates.
+	// parallel.NewGroups builds it).
 	shard := int64(d.ShardGroup())
 	var state, largest, gathered int64
 	for _, u := range units {

@@ -33,9 +33,9 @@ type Groups struct {
 	// pipeline.
 	TP, CP, PP comm.Group
 	// Shard is the group parameters are sharded over (dp_shard × cp,
-	// with dp_shard > 1: torchtitan shards over both) and Replicate the
-	// group whose gradients are all-reduced (dp_replicate, or without
-	// dp_shard dp_replicate × cp).
+	// torchtitan's dp_shard_cp mesh: the cp ranks' gradients are summed by
+	// the reduce-scatter) and Replicate the group whose gradients are
+	// all-reduced (dp_replicate).
 	Shard, Replicate comm.Group
 }
 
@@ -48,9 +48,6 @@ func NewGroups(world comm.Group, m *mesh.Mesh, rank int) (*Groups, error) {
 		return g, nil
 	}
 	shard, repl := []string{"dp_shard", "cp"}, []string{"dp_replicate"}
-	if m.DPShard == 1 {
-		shard, repl = []string{"dp_shard"}, []string{"dp_replicate", "cp"}
-	}
 	for _, d := range []struct {
 		dims []string
 		g    *comm.Group

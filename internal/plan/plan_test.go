@@ -374,10 +374,9 @@ func TestPublishedScheduleGain(t *testing.T) {
 	}
 }
 
-// TestPublishedMeshShardsOverCP checks torchtitan's mesh for the CP8
-// rows: FSDP over the 8 cp ranks holds the same parameter shard as FSDP
-// over 8 dp_shard ranks, with no replicate all-reduce, where titan's own
-// mesh replicates over cp.
+// TestPublishedMeshShardsOverCP checks the CP8 rows' mesh, torchtitan's
+// and titan's: FSDP over the 8 cp ranks holds the same parameter shard
+// as FSDP over 8 dp_shard ranks, with no replicate all-reduce.
 func TestPublishedMeshShardsOverCP(t *testing.T) {
 	rs, _, err := CompareReference()
 	if err != nil {
@@ -391,10 +390,8 @@ func TestPublishedMeshShardsOverCP(t *testing.T) {
 	if cp8.Memory.Params != fsdp8.Memory.Params || cp8.Step.DPTotal != 0 || cp8.Step.FSDPTotal == 0 {
 		t.Errorf("CP8 with torchtitan's mesh: parameters %d (FSDP8: %d), dp all-reduce %g s, fsdp %g s", cp8.Memory.Params, fsdp8.Memory.Params, cp8.Step.DPTotal, cp8.Step.FSDPTotal)
 	}
-	d := cp8.Job.Layout.Degrees
-	d.ShardCP = false
-	if d.ShardGroup() != 1 || d.ReplicateGroup() != 8 {
-		t.Errorf("titan's mesh of dp_shard 1 × cp 8: shard group %d, replicate group %d", d.ShardGroup(), d.ReplicateGroup())
+	if d := cp8.Job.Layout.Degrees; d.ShardGroup() != 8 || d.ReplicateGroup() != 1 {
+		t.Errorf("dp_shard 1 × cp 8: shard group %d, replicate group %d, want 8 and 1", d.ShardGroup(), d.ReplicateGroup())
 	}
 }
 

@@ -596,7 +596,7 @@ func busiest(job Job, mp memplan.Plan) (pipeline.Schedule, rankShare, error) {
 // degrees inside it) fits a node's devices.
 func groupLink(c cluster.Cluster, d memplan.Degrees, dim string) cluster.Link {
 	// The outermost span each group reaches: FSDP's group is dp_shard ×
-	// cp, the replicate group dp_replicate (× cp without dp_shard).
+	// cp, the replicate group dp_replicate.
 	span := map[string]int{
 		"tp": d.TP, "cp": d.TP * d.CP, "dp_shard": d.TP * d.CP * d.DPShard,
 		"dp_replicate": d.TP * d.CP * d.DPShard * d.DPReplicate, "pp": d.World(),

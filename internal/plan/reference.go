@@ -88,12 +88,6 @@ func PublishedRows() []Published {
 	// pipeline_parallel_degree; torchtitan/parallelisms/pipelining_utils.py),
 	// whatever the schedule: 32 rows in 8 microbatches of 4 for table 5, 8
 	// of 1 for table 6.
-	// torchtitan shards the parameters over dp_shard × cp whenever either
-	// is above 1 (its dp_shard_cp mesh); titan's trainer replicates over
-	// cp without dp_shard, so these rows are predicted with torchtitan's
-	// mesh (memplan.Degrees.ShardCP).
-	shardCP := func(d memplan.Degrees) memplan.Degrees { d.ShardCP = true; return d }
-	const cpNote = "FSDP over cp (torchtitan's dp_shard_cp mesh); titan's trainer would replicate over cp"
 	const mbNote = "8 microbatches of 4 rows (torchtitan's default of pp microbatches)"
 	return []Published{
 		{"1", ReferenceRow, job("8B", deg(1, 8, 1, 1), 2, 8192, sac), 5762, 82.4, "calibration row"},
@@ -102,7 +96,7 @@ func PublishedRows() []Published {
 		{"2", "8B FSDP8 CP1 32K", job("8B", deg(1, 8, 1, 1), 1, 32768, full, "compile", "float8"), 3890, 83.9, ""},
 		{"2", "8B FSDP4 CP2 64K", job("8B", deg(1, 4, 2, 1), 1, 65536, full, "compile", "float8"), 2540, 84.2, ""},
 		{"2", "8B FSDP2 CP4 128K", job("8B", deg(1, 2, 4, 1), 1, 131072, full, "compile", "float8"), 1071, 84.0, ""},
-		{"2", "8B FSDP1 CP8 256K", job("8B", shardCP(deg(1, 1, 8, 1)), 1, 262144, full, "compile", "float8"), 548, 84.5, cpNote},
+		{"2", "8B FSDP1 CP8 256K", job("8B", deg(1, 1, 8, 1), 1, 262144, full, "compile", "float8"), 548, 84.5, ""},
 		{"3", "8B FSDP128", job("8B", deg(1, 128, 1, 1), 2, 8192, sac), 5605, 67.0, ""},
 		{"3", "8B FSDP128 +compile", job("8B", deg(1, 128, 1, 1), 2, 8192, sac, "compile"), 6514, 62.0, ""},
 		{"3", "8B FSDP128 +compile +float8", job("8B", deg(1, 128, 1, 1), 2, 8192, sac, "compile", "float8"), 8380, 61.8, ""},
@@ -113,7 +107,7 @@ func PublishedRows() []Published {
 		{"6", "405B FSDP8 CP1 32K", job("405B", deg(8, 8, 1, 8), 8, 32768, full, "compile", "float8", "asynctp"), 76, 75.3, ""},
 		{"6", "405B FSDP4 CP2 64K", job("405B", deg(8, 4, 2, 8), 8, 65536, full, "compile", "float8", "asynctp"), 47, 75.9, ""},
 		{"6", "405B FSDP2 CP4 128K", job("405B", deg(8, 2, 4, 8), 8, 131072, full, "compile", "float8", "asynctp"), 31, 77.1, ""},
-		{"6", "405B FSDP1 CP8 256K", job("405B", shardCP(deg(8, 1, 8, 8)), 8, 262144, full, "compile", "float8", "asynctp"), 16, 84.9, cpNote},
+		{"6", "405B FSDP1 CP8 256K", job("405B", deg(8, 1, 8, 8), 8, 262144, full, "compile", "float8", "asynctp"), 16, 84.9, ""},
 	}
 }
 
