@@ -296,31 +296,9 @@ func measureKernels(cfg llama.Config, B, T int, cps []int) (kernelRates, error) 
 		if cp < 2 || llama.CheckParallel(cfg, T, 1, cp) != nil {
 			continue
 		}
-		rr := RingRate{CP: cp}
-		rbe := cpu.New(max(1, be.Threads()/cp))
-		defer rbe.Close()
-		for _, bf16 := range []bool{false, true} {
-			prec := model.Precision{Param: backend.Float32}
-			if bf16 {
-				prec.Param = backend.BFloat16
-			}
-			fwd, bwd, err := llama.RingAttentionProbe(rbe, cfg, B, T, cp, prec)
-			if err != nil {
-				return r, fmt.Errorf("plan: calibrate: ring attention at cp %d: %w", cp, err)
-			}
-			var ferr, berr error
-			tf := timeIt(func() { ferr = fwd() })
-			tb := timeIt(func() { berr = bwd() })
-			if err := errors.Join(ferr, berr); err != nil {
-				return r, fmt.Errorf("plan: calibrate: ring attention at cp %d: %w", cp, err)
-			}
-			rate := af * (1 + attentionBackward) / (tf + tb) // cp ranks' FLOPs, each af/cp
-			rate *= float64(min(cp, be.Threads())) / float64(cp)
-			if bf16 {
-				rr.EfficiencyBF16 = rate
-			} else {
-				rr.Efficiency = rate
-			}
+		rr, err := measureRing(cfg, B, T, cp, be.Threads(), af)
+		if err != nil {
+			return r, err
 		}
 		r.ring = append(r.ring, rr)
 	}
@@ -343,6 +321,40 @@ func measureKernels(cfg llama.Config, B, T int, cps []int) (kernelRates, error) 
 		return r, fmt.Errorf("plan: calibrate: kernel timings out of range (%+v)", r)
 	}
 	return r, nil
+}
+
+// measureRing times one rank's ring attention at cp on the threads a
+// rank of cp processes on a host of threads gets (llama.RingAttentionProbe),
+// in float32 and with bfloat16 products, as the FLOP/s of cp such ranks
+// filling the host; af is the causal attention FLOPs of all cp ranks.
+func measureRing(cfg llama.Config, B, T, cp, threads int, af float64) (RingRate, error) {
+	rr := RingRate{CP: cp}
+	be := cpu.New(max(1, threads/cp))
+	defer be.Close()
+	for _, bf16 := range []bool{false, true} {
+		prec := model.Precision{Param: backend.Float32}
+		if bf16 {
+			prec.Param = backend.BFloat16
+		}
+		fwd, bwd, err := llama.RingAttentionProbe(be, cfg, B, T, cp, prec)
+		if err != nil {
+			return rr, fmt.Errorf("plan: calibrate: ring attention at cp %d: %w", cp, err)
+		}
+		var ferr, berr error
+		tf := timeIt(func() { ferr = fwd() })
+		tb := timeIt(func() { berr = bwd() })
+		if err := errors.Join(ferr, berr); err != nil {
+			return rr, fmt.Errorf("plan: calibrate: ring attention at cp %d: %w", cp, err)
+		}
+		rate := af * (1 + attentionBackward) / (tf + tb) // cp ranks' FLOPs, each af/cp
+		rate *= float64(min(cp, threads)) / float64(cp)
+		if bf16 {
+			rr.EfficiencyBF16 = rate
+		} else {
+			rr.Efficiency = rate
+		}
+	}
+	return rr, nil
 }
 
 // measureCollective fits latency and bandwidth of op on n processes

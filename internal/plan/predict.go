@@ -169,15 +169,23 @@ type rates struct {
 	mm, fp8, attn, ew float64 // FLOP/s, FLOP/s, FLOP/s, bytes/s
 }
 
-func ratesOf(c cluster.Cluster, cal Calibration, rt Runtime) rates {
+// ratesOf is one rank's throughputs on c with cp context-parallel ranks:
+// attention at titan's measured ring-attention rate when the
+// calibration has one for cp (Calibration.RingAttention; not under
+// PyTorch's ring, rt.TorchRing).
+func ratesOf(c cluster.Cluster, cal Calibration, rt Runtime, cp int) rates {
 	peak := c.Device.PeakBF16
 	if c.CPU() {
 		peak = c.Device.PeakFP32
 	}
 	share := float64(max(rt.Shared, 1))
+	bf16 := rt.Precision.ParamBF16 && cal.MatmulBF16 > 0 && cal.AttentionBF16 > 0
 	mm, attn := cal.Matmul, cal.Attention
-	if rt.Precision.ParamBF16 && cal.MatmulBF16 > 0 && cal.AttentionBF16 > 0 {
+	if bf16 {
 		mm, attn = cal.MatmulBF16, cal.AttentionBF16
+	}
+	if e, ok := cal.ring(cp, bf16); ok && cp > 1 && !rt.TorchRing {
+		attn = e
 	}
 	return rates{
 		mm:   mm * peak / share,
@@ -276,16 +284,7 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 	l := job.Layout
 	cfg := job.Model
 	d := l.Degrees
-	r := ratesOf(c, cal, rt)
-	if e, ok := cal.ring(d.CP, rt.Precision.ParamBF16 && cal.AttentionBF16 > 0); ok && d.CP > 1 && !rt.TorchRing {
-		// titan's ring attention at its measured rate (see
-		// Calibration.RingAttention).
-		peak := c.Device.PeakFP32
-		if !c.CPU() {
-			peak = c.Device.PeakBF16
-		}
-		r.attn = e * peak / float64(max(rt.Shared, 1))
-	}
+	r := ratesOf(c, cal, rt, d.CP)
 	cb := 4.0
 	if rt.Precision.Compute > 0 {
 		cb = float64(rt.Precision.Compute)

@@ -148,7 +148,7 @@ func hostOf(t backend.Tensor) []float32 {
 // which the cast then overwrites in place.
 func hostIn(buf []float32, inp backend.Tensor) []float32 {
 	h, ok := inp.HostBF16()
-	if !ok || inp.Mem == nil || inp.DType() != backend.BFloat16 {
+	if !ok || inp.Mem == nil {
 		return hostOf(inp)
 	}
 	buf = buf[:len(h)]
