@@ -39,7 +39,8 @@ const allreduceLen = 1001
 func fakeValue(r, i int) float32 { return float32((r+1)*(i%97) - 3*r) }
 
 // fakeAllReduce is the "allreduce" fake worker action: Detect, Join,
-// all-reduce, check against a direct sum, then act as fakePostEnv says:
+// all-reduce, check against a direct sum, report, wait until every rank
+// has reported (a second all-reduce), then act as fakePostEnv says:
 // "" exit 0; "exit=N" exit N after reporting; "hang" wait; "freeze" stop
 // the process with SIGSTOP (its heartbeats stop).
 func fakeAllReduce() int {
@@ -98,6 +99,13 @@ func fakeAllReduce() int {
 		return 1
 	}
 	fmt.Printf("allreduce ok source=%s rank=%d world=%d local=%d/%d node=%d\n", spec.Source, w.Rank, w.WorldSize, w.LocalRank, w.LocalWorldSize, w.NodeRank)
+	// A barrier: every rank has reported before any of them fails, so
+	// that the launcher's killing of the survivors races no report.
+	if err := w.World.AllReduce(ctx, comm.F32(make([]float32, 1)), comm.Sum); err != nil {
+		fmt.Println("barrier:", err)
+		w.Close(err)
+		return 1
+	}
 	post := os.Getenv(fakePostEnv)
 	if v, ok := os.LookupEnv(fakeFirstPostEnv); ok && os.Getenv(EnvRestartCount) == "0" {
 		post = v
