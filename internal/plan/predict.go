@@ -61,9 +61,12 @@ type Prediction struct {
 	MemoryBytes float64
 	Capacity    float64
 	// LossBytes is what PyTorch's loss holds beyond the logits memplan
-	// counts (lossTransient; 0 for titan's chunked loss), added to the
-	// estimate before the calibration's factor.
-	LossBytes float64
+	// counts (lossTransient; 0 for titan's chunked loss), and
+	// PipelineGradBytes the unsharded gradients a PyTorch pipeline rank
+	// accumulates over its microbatches (pipelineGradHold; 0 on titan's
+	// executor), both added to the estimate before the calibration's
+	// factor.
+	LossBytes, PipelineGradBytes float64
 	// Step is the step's breakdown.
 	Step Breakdown
 	// Microbatches and BubbleFraction describe the pipeline (1 and 0
@@ -227,8 +230,9 @@ func predict(job Job, c cluster.Cluster, cal Calibration, onlyFitting bool) (Pre
 	if err != nil {
 		return Prediction{}, err
 	}
-	pred := Prediction{Job: job, Cluster: c, Runtime: rt, Memory: mem, Capacity: c.Device.MemoryBytes, LossBytes: lossTransient(job, rt)}
-	pred.MemoryBytes = cal.MemoryFactor*(float64(mem.Total())+pred.LossBytes) + cal.MemoryBase
+	pred := Prediction{Job: job, Cluster: c, Runtime: rt, Memory: mem, Capacity: c.Device.MemoryBytes,
+		LossBytes: lossTransient(job, rt), PipelineGradBytes: pipelineGradHold(job, mem, rt)}
+	pred.MemoryBytes = cal.MemoryFactor*pred.needed() + cal.MemoryBase
 	if onlyFitting && !pred.Fits() {
 		return pred, nil
 	}
@@ -267,6 +271,42 @@ func lossTransient(job Job, rt Runtime) float64 {
 		rows = max(l.MicrobatchRows, 1)
 	}
 	return 2 * 4 * float64(rows*l.SeqLen/max(d.CP, 1)) * float64(job.Model.VocabSize/max(d.TP, 1))
+}
+
+// needed is the memory the job needs before the calibration: memplan's
+// estimate and the runtime's transients beyond it.
+func (p Prediction) needed() float64 {
+	return float64(p.Memory.Total()) + p.LossBytes + p.PipelineGradBytes
+}
+
+// pipelineGradHold is what a rank of a PyTorch pipeline holds beyond
+// memplan's estimate when FSDP shards its parameters: its stages'
+// gradients unsharded, accumulated over the step's microbatches in the
+// reduce precision (FSDP2 upcasts each microbatch's bf16 gradient into a
+// float32 accumulator when the reduce dtype is float32) until the
+// stage's last backward reduces them. memplan counts the unsharded bf16
+// parameters already (torchtitan does not reshard after the forward
+// under pipeline parallelism, nor does titan) and two unit gradient
+// buffers, which stand for the one unit's bf16 gradient before its
+// upcast. The hold is counted beside the peak of the in-flight
+// activations, which it meets one microbatch's backward later: an
+// overestimate by at most one microbatch's kept activations.
+func pipelineGradHold(job Job, mem memplan.Report, rt Runtime) float64 {
+	d := job.Layout.Degrees
+	shard := d.ShardGroup()
+	if !rt.PipelineNoSync || d.PP <= 1 || shard <= 1 {
+		return 0
+	}
+	reduce := 4.0
+	if rt.Precision.ReduceBF16 {
+		reduce = 2
+	}
+	state := float64(rt.Precision.State)
+	if state == 0 {
+		state = 4
+	}
+	// memplan's gradients are the rank's shard, state bytes an element.
+	return float64(mem.Grads) / state * float64(shard) * reduce
 }
 
 // rankShare is what the busiest pipeline rank holds: its layers, whether

@@ -162,7 +162,7 @@ func CalibrateGPU(c cluster.Cluster) (Calibration, error) {
 	if err != nil {
 		return Calibration{}, err
 	}
-	out.MemoryFactor = ref.MemGiB * (1 << 30) / (float64(p.Memory.Total()) + p.LossBytes)
+	out.MemoryFactor = ref.MemGiB * (1 << 30) / p.needed()
 	return out, nil
 }
 

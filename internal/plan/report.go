@@ -30,16 +30,19 @@ type JSONPrediction struct {
 	SeqLen         int    `json:"seq_len"`
 	Checkpoint     string `json:"activation_checkpoint"`
 	Memory         struct {
-		Params      int64   `json:"params"`
-		Grads       int64   `json:"grads"`
-		Optimizer   int64   `json:"optimizer"`
-		FSDPBuffers int64   `json:"fsdp_buffers"`
-		Activations int64   `json:"activations"`
-		Comm        int64   `json:"comm"`
-		Total       int64   `json:"memplan_total"`
-		Predicted   float64 `json:"predicted"`
-		Capacity    float64 `json:"capacity"`
-		Fits        bool    `json:"fits"`
+		Params      int64 `json:"params"`
+		Grads       int64 `json:"grads"`
+		Optimizer   int64 `json:"optimizer"`
+		FSDPBuffers int64 `json:"fsdp_buffers"`
+		Activations int64 `json:"activations"`
+		Comm        int64 `json:"comm"`
+		Total       int64 `json:"memplan_total"`
+		// What PyTorch holds beyond memplan's estimate on a GPU runtime.
+		Loss          float64 `json:"pytorch_loss,omitempty"`
+		PipelineGrads float64 `json:"pytorch_pipeline_grads,omitempty"`
+		Predicted     float64 `json:"predicted"`
+		Capacity      float64 `json:"capacity"`
+		Fits          bool    `json:"fits"`
 	} `json:"memory_bytes"`
 	Step            []namedTime `json:"step_seconds"`
 	StepTotal       float64     `json:"step_total_seconds"`
@@ -66,6 +69,7 @@ func (p Prediction) JSON() JSONPrediction {
 	j.Memory.Params, j.Memory.Grads, j.Memory.Optimizer = m.Params, m.Grads, m.Optimizer
 	j.Memory.FSDPBuffers, j.Memory.Activations, j.Memory.Comm, j.Memory.Total = m.FSDPBuffers, m.Activations, m.Comm, m.Total()
 	j.Memory.Predicted, j.Memory.Capacity, j.Memory.Fits = p.MemoryBytes, p.Capacity, p.Fits()
+	j.Memory.Loss, j.Memory.PipelineGrads = p.LossBytes, p.PipelineGradBytes
 	j.Step, j.StepTotal, j.FSDPTotal, j.DPTotal = p.Step.parts(), p.Step.Step, p.Step.FSDPTotal, p.Step.DPTotal
 	j.BubbleFraction, j.TokensPerDevice, j.MFU = p.BubbleFraction, p.TokensPerDevice, p.MFU
 	return j
@@ -91,6 +95,14 @@ func WriteTable(w io.Writer, p Prediction, cal Calibration) {
 		v int64
 	}{{"parameters", m.Params}, {"gradients", m.Grads}, {"optimizer state", m.Optimizer}, {"FSDP unit buffers", m.FSDPBuffers}, {"activations", m.Activations}, {"communication buffers", m.Comm}, {"memplan total", m.Total()}} {
 		fmt.Fprintf(w, "  %-36s %12s\n", x.n, memplan.Human(x.v))
+	}
+	for _, x := range []struct {
+		n string
+		v float64
+	}{{"+ PyTorch loss (float32 copies)", p.LossBytes}, {"+ PyTorch pipeline gradients", p.PipelineGradBytes}} {
+		if x.v > 0 {
+			fmt.Fprintf(w, "  %-36s %12s\n", x.n, memplan.Human(int64(x.v)))
+		}
 	}
 	fits := "fits"
 	if !p.Fits() {
