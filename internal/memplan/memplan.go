@@ -281,6 +281,8 @@ type Report struct {
 	// pipeline parallelism (those in the model's own buffers are part of
 	// Activations).
 	Comm int64
+	// Head: the rank computes the output projection and the loss.
+	Head bool
 }
 
 // Total is the sum of the parts.
@@ -338,12 +340,35 @@ func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 
 // Estimate returns the memory of the busiest rank of plan.
 func Estimate(plan Plan) (Report, error) {
-	if err := plan.normalize(); err != nil {
+	rs, err := EstimateRanks(plan)
+	if err != nil {
 		return Report{}, err
+	}
+	best := rs[0]
+	for _, r := range rs[1:] {
+		if r.Total() > best.Total() {
+			best = r
+		}
+	}
+	return best, nil
+}
+
+// EstimateRanks returns the memory of each pipeline rank of plan (one
+// report, the busiest rank's, without pipeline parallelism: the other
+// ranks hold the same).
+func EstimateRanks(plan Plan) ([]Report, error) {
+	if err := plan.normalize(); err != nil {
+		return nil, err
 	}
 	if plan.Pipeline != nil && plan.Degrees.PP > 1 {
 		return estimatePipeline(plan)
 	}
+	r, err := estimateOne(plan)
+	return []Report{r}, err
+}
+
+// estimateOne is Estimate without a pipeline schedule.
+func estimateOne(plan Plan) (Report, error) {
 	c := plan.Model
 	d := plan.Degrees
 	// The layers of the busiest pipeline stage: stages split the layers
@@ -378,6 +403,7 @@ func Estimate(plan Plan) (Report, error) {
 		return Report{}, err
 	}
 	r.Activations, r.Comm = act, comm
+	r.Head = true
 	return r, nil
 }
 
@@ -501,14 +527,14 @@ func stateReport(plan Plan, units []int64, f8 float8Gather) Report {
 // estimatePipeline is Estimate with the resolved pipeline layout: the
 // report of the pipeline rank with the largest total, each rank holding
 // its schedule's stages with the activation sets the schedule keeps.
-func estimatePipeline(plan Plan) (Report, error) {
+func estimatePipeline(plan Plan) ([]Report, error) {
 	pp, err := plan.ResolvePipeline()
 	if err != nil {
-		return Report{}, fmt.Errorf("memplan: %w", err)
+		return nil, fmt.Errorf("memplan: %w", err)
 	}
 	sched := pp.Schedule
 	embed, layer, head := unitSizes(plan)
-	var best Report
+	var out []Report
 	for rank := range sched.PP {
 		var units []int64
 		peak, split := sched.ActivationSets(rank)
@@ -516,7 +542,7 @@ func estimatePipeline(plan Plan) (Report, error) {
 		var specs []*llama.StageSpec
 		evalRows, evalOwn, err := plan.evalSets(pp.MicrobatchRows)
 		if err != nil {
-			return Report{}, err
+			return nil, err
 		}
 		for _, s := range sched.Stages(rank) {
 			spec := pp.Stages[s]
@@ -533,7 +559,7 @@ func estimatePipeline(plan Plan) (Report, error) {
 			}
 			v := stageActivations(plan, pp.MicrobatchRows, spec)
 			if v.err != nil {
-				return Report{}, v.err
+				return nil, v.err
 			}
 			// Each set keeps its microbatch's activations (and a split
 			// backward's output gradients); the scratch is the stage's,
@@ -548,7 +574,7 @@ func estimatePipeline(plan Plan) (Report, error) {
 			if evalOwn { // validation's set of the stage, with its own scratch
 				e := planned(plan.Model, evalRows, plan.Eval.SeqLen, llamaPlan(plan, &ls)).scale(plan.Precision)
 				if e.err != nil {
-					return Report{}, e.err
+					return nil, e.err
 				}
 				act += e.act
 				comm += e.own
@@ -557,18 +583,19 @@ func estimatePipeline(plan Plan) (Report, error) {
 		}
 		f8, err := float8Gathers(plan, pp.MicrobatchRows, specs)
 		if err != nil {
-			return Report{}, err
+			return nil, err
 		}
 		r := stateReport(plan, units, f8)
+		for _, sp := range specs {
+			r.Head = r.Head || sp.Head
+		}
 		r.Activations = act
 		// The executor's transfer buffers: its receiving side's peak and
 		// the sends in flight.
 		r.Comm = staging + comm + transferBytes(plan, pp.MicrobatchRows, int64(sched.MessageBuffers(rank)+sendsInFlight))
-		if rank == 0 || r.Total() > best.Total() {
-			best = r
-		}
+		out = append(out, r)
 	}
-	return best, nil
+	return out, nil
 }
 
 // pipelineKey identifies a resolved pipeline.

@@ -106,3 +106,45 @@ func TestFromJobResolvesPipeline(t *testing.T) {
 		t.Fatalf("re-resolved pipeline %+v (%v), want 3 ranks over 6 microbatches", pp, err)
 	}
 }
+
+// TestEstimateRanks checks the per-rank reports of a pipeline: one per
+// rank, only the rank of the last stage computing the loss (Head), and
+// Estimate the largest of them; without a pipeline a single report with
+// the head.
+func TestEstimateRanks(t *testing.T) {
+	cfg, err := llama.Flavor("debug")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		sched    string
+		headRank int
+	}{{"1F1B", 1}, {"GPipe", 1}, {"Interleaved1F1B", 1}} {
+		plan := Plan{Model: cfg, Batch: 8, SeqLen: 256, MicrobatchRows: 1, Degrees: Degrees{PP: 2},
+			Pipeline: &parallel.PipelineSettings{Schedule: c.sched, MicrobatchSize: 1}}
+		rs, err := EstimateRanks(plan)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rs) != 2 {
+			t.Fatalf("%s: %d reports for 2 pipeline ranks", c.sched, len(rs))
+		}
+		var largest int64
+		for rank, r := range rs {
+			if r.Head != (rank == c.headRank) {
+				t.Errorf("%s: rank %d Head %v", c.sched, rank, r.Head)
+			}
+			largest = max(largest, r.Total())
+		}
+		if e, err := Estimate(plan); err != nil || e.Total() != largest {
+			t.Errorf("%s: Estimate %d (%v), largest rank %d", c.sched, e.Total(), err, largest)
+		}
+		if rs[0].Total() == rs[1].Total() {
+			t.Errorf("%s: both ranks %d bytes: the reports are not per rank", c.sched, rs[0].Total())
+		}
+	}
+	rs, err := EstimateRanks(Plan{Model: cfg, Batch: 8, SeqLen: 256, Degrees: Degrees{DPShard: 2}})
+	if err != nil || len(rs) != 1 || !rs[0].Head {
+		t.Errorf("no pipeline: %d reports, %v", len(rs), err)
+	}
+}

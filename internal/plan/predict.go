@@ -54,7 +54,8 @@ type Prediction struct {
 	Job     Job
 	Cluster cluster.Cluster
 	Runtime Runtime
-	// Memory is memplan's estimate of the busiest rank; MemoryBytes the
+	// Memory is memplan's estimate of the busiest rank (with the
+	// runtime's transients); MemoryBytes the
 	// device memory predicted from it and LossBytes (× the calibration's
 	// factor, plus its base), Capacity the device's memory.
 	Memory      memplan.Report
@@ -226,12 +227,23 @@ func predict(job Job, c cluster.Cluster, cal Calibration, onlyFitting bool) (Pre
 	if err != nil {
 		return Prediction{}, err
 	}
-	mem, err := memplan.Estimate(mp)
+	ranks, err := memplan.EstimateRanks(mp)
 	if err != nil {
 		return Prediction{}, err
 	}
-	pred := Prediction{Job: job, Cluster: c, Runtime: rt, Memory: mem, Capacity: c.Device.MemoryBytes,
-		LossBytes: lossTransient(job, rt), PipelineGradBytes: pipelineGradHold(job, mem, rt)}
+	// The busiest rank with the runtime's transients: a pipeline's loss
+	// is on its last rank only.
+	var pred Prediction
+	for i, mem := range ranks {
+		p := Prediction{Job: job, Cluster: c, Runtime: rt, Memory: mem, Capacity: c.Device.MemoryBytes,
+			PipelineGradBytes: pipelineGradHold(job, mem, rt)}
+		if mem.Head {
+			p.LossBytes = lossTransient(job, rt)
+		}
+		if i == 0 || p.needed() > pred.needed() {
+			pred = p
+		}
+	}
 	pred.MemoryBytes = cal.MemoryFactor*pred.needed() + cal.MemoryBase
 	if onlyFitting && !pred.Fits() {
 		return pred, nil
@@ -255,11 +267,15 @@ func predict(job Job, c cluster.Cluster, cal Calibration, onlyFitting bool) (Pre
 
 // lossTransient is the memory PyTorch's cross entropy holds at its peak
 // beyond the compute-precision logits memplan counts, on a runtime that
-// keeps the whole logits: torchtitan's loss (eager, not compiled) casts
-// the logits of a microbatch to float32 and keeps log-softmax's float32
-// output for the backward, whose float32 gradient then exists beside it,
-// so two float32 copies of this rank's logits (its vocabulary shard
-// under loss parallel) are live at once.
+// keeps the whole logits. torchtitan's loss (eager, not compiled) is
+// cross_entropy(pred.float(), labels): in the forward the bf16 logits,
+// their float32 upcast and log-softmax's float32 output are live (10
+// bytes an element); the training loop then drops the bf16 logits (`del
+// pred` before the backward; the upcast's backward does not keep its
+// input), and log-softmax's backward writes its float32 input gradient
+// while its saved output and the NLL's float32 gradient are live: three
+// float32 copies, 12 bytes an element, the loss's peak. Elements are this
+// rank's tokens times its vocabulary shard (loss parallel under tp).
 func lossTransient(job Job, rt Runtime) float64 {
 	if !rt.WholeLogits {
 		return 0
@@ -270,7 +286,11 @@ func lossTransient(job Job, rt Runtime) float64 {
 	if d.PP > 1 {
 		rows = max(l.MicrobatchRows, 1)
 	}
-	return 2 * 4 * float64(rows*l.SeqLen/max(d.CP, 1)) * float64(job.Model.VocabSize/max(d.TP, 1))
+	cb := float64(rt.Precision.Compute)
+	if cb == 0 {
+		cb = 4
+	}
+	return (3*4 - cb) * float64(rows*l.SeqLen/max(d.CP, 1)) * float64(job.Model.VocabSize/max(d.TP, 1))
 }
 
 // needed is the memory the job needs before the calibration: memplan's
