@@ -123,8 +123,8 @@ type AttentionDims struct {
 	QPos, KPos  int
 	// BF16 multiplies the products Q·Kᵀ, P·V and those of the backward
 	// pass as bfloat16 with float32 accumulation (bfloat16 mixed
-	// precision, as autocast's attention); the softmax, its statistics and
-	// the outputs stay float32.
+	// precision, as autocast's attention); the softmax and its statistics
+	// stay float32, as do the gradients.
 	BF16 bool
 }
 
@@ -191,10 +191,13 @@ type Backend interface {
 	// materialising the Tq×Tk matrix. out is [B, Tq, NH, HD]; lse
 	// [B, NH, Tq] receives each row's log-sum-exp for the backward. With
 	// d.BF16, q, k and v may be bfloat16 (they are read only by the
-	// products), in the forward and in AttentionBackward.
+	// products), in the forward and in AttentionBackward. out is float32,
+	// or bfloat16 as RMSNormForward's (autocast's attention output: the
+	// float32 result rounded once).
 	AttentionForward(out, lse, q, k, v Tensor, d AttentionDims)
-	// AttentionBackward accumulates dq, dk, dv from dout, recomputing the
-	// probabilities from q, k, lse.
+	// AttentionBackward accumulates dq, dk, dv (float32) from dout,
+	// recomputing the probabilities from q, k, lse; out, the forward's
+	// (float32 or bfloat16), gives rowsum(dout·out).
 	AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse Tensor, d AttentionDims)
 
 	// SwiGLUForward computes out = silu(gate) * up over n elements; out

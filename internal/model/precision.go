@@ -19,11 +19,13 @@ type Precision struct {
 	// before P·V, as a bfloat16 attention kernel does). The activations
 	// only those products read — the norms' outputs, SwiGLU's and,
 	// without context parallelism, attention's q, k and v — are stored
-	// in bfloat16 (the same bits the products would round them to);
-	// everything else — the residual stream, RoPE's and the norms' and
-	// SwiGLU's arithmetic, attention's output, the softmax and its
-	// statistics, the logits and the loss, the gradients and the
-	// optimizer — stays float32, in float32 buffers.
+	// in bfloat16 (the same bits the products would round them to), and
+	// so is attention's output without context parallelism (autocast's
+	// attention returns bfloat16: its float32 result rounded once, which
+	// the backward reads for rowsum(dO·O)); everything else — the
+	// residual stream, RoPE's and the norms' and SwiGLU's arithmetic,
+	// the softmax and its statistics, the logits and the loss, the
+	// gradients and the optimizer — stays float32, in float32 buffers.
 	Param backend.DType
 	// Float8 converts linear layers to float8 (nil: none).
 	Float8 *float8.Config

@@ -6,6 +6,7 @@ import (
 
 	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/backend/cpu/gemm"
+	"github.com/titan-go/titan/internal/numeric"
 )
 
 // Causal grouped-query attention in the manner of FlashAttention-2:
@@ -112,13 +113,13 @@ func (g *attnGeom) rowsNT(cut attnCut, r0, rows, cols, k int, alpha float32, x m
 
 // rowsNN accumulates out = alpha·S Y + beta·out for the tile's query
 // rows r0..rows-1: s holds them from its row 0 (leading dimension tile)
-// over cols keys, y the keys from offset yOff, out the rows of head h of
-// batch bi from query i0. Rows below cut.mid sum over cut.c1 keys only.
-func (g *attnGeom) rowsNN(cut attnCut, r0, rows, cols int, alpha float32, s []float32, y mat, yOff int, beta float32, out []float32, bi, i0, h int) {
+// over cols keys, y the keys from offset yOff, out the tile's rows, row
+// r at oOff + r·ldo. Rows below cut.mid sum over cut.c1 keys only.
+func (g *attnGeom) rowsNN(cut attnCut, r0, rows, cols int, alpha float32, s []float32, y mat, yOff int, beta float32, out []float32, oOff, ldo int) {
 	T, HD := g.tile, g.HD
-	g.mm(false, false, cut.mid-r0, HD, cut.c1, alpha, f32Mat(s), 0, T, y, yOff, g.kRow, beta, out, g.qOff(bi, i0+r0, h), g.qRow)
+	g.mm(false, false, cut.mid-r0, HD, cut.c1, alpha, f32Mat(s), 0, T, y, yOff, g.kRow, beta, out, oOff+r0*ldo, ldo)
 	if cut.mid < rows {
-		g.mm(false, false, rows-cut.mid, HD, cols, alpha, f32Mat(s), (cut.mid-r0)*T, T, y, yOff, g.kRow, beta, out, g.qOff(bi, i0+cut.mid, h), g.qRow)
+		g.mm(false, false, rows-cut.mid, HD, cols, alpha, f32Mat(s), (cut.mid-r0)*T, T, y, yOff, g.kRow, beta, out, oOff+cut.mid*ldo, ldo)
 	}
 }
 
@@ -188,12 +189,13 @@ func (g *attnGeom) lseOff(b, h, i int) int { return (b*g.NH+h)*g.Tq + i }
 // and lse, each row's log-sum-exp of the scaled scores. Rows that see no
 // key get out = 0 and lse = -Inf. Each output row is computed by one
 // worker in a fixed order, so the result does not depend on the thread
-// count.
+// count. A bfloat16 out receives the float32 result rounded to nearest
+// even: a tile's rows accumulate in the worker's float32 scratch.
 func (b *Backend) AttentionForward(out, lse, q, k, v backend.Tensor, d backend.AttentionDims) {
 	const op = "AttentionForward"
 	g := newAttnGeom(op, d, b.attnTile)
 	nq, nk := d.B*d.Tq*g.qRow, d.B*d.Tk*g.kRow
-	o := f32n(op, "out", out, nq)
+	o := outF32OrBF16(op, out, nq)
 	ls := f32n(op, "lse", lse, d.B*d.NH*d.Tq)
 	qs := attnMat(op, "q", q, nq, d)
 	ks := attnMat(op, "k", k, nk, d)
@@ -202,17 +204,22 @@ func (b *Backend) AttentionForward(out, lse, q, k, v backend.Tensor, d backend.A
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	bh := d.B * d.NH
+	n := g.tile*g.tile + 3*g.tile
+	if o.h != nil {
+		n += g.tile * d.HD // the tile's float32 rows
+	}
 	// Later query tiles see more keys: hand them out first.
 	b.forItems(bh*g.nqt, func(w, it int) {
 		qt := g.nqt - 1 - it/bh
 		bi, h := it%bh/d.NH, it%d.NH
-		buf := b.workerScratch(w, g.tile*g.tile+3*g.tile)
-		g.forwardTile(buf, o, ls, qs, ks, vs, bi, h, qt)
+		g.forwardTile(b.workerScratch(w, n), o, ls, qs, ks, vs, bi, h, qt)
 	})
 }
 
-// forwardTile computes the rows of query tile qt of head h of batch bi.
-func (g *attnGeom) forwardTile(buf, o, ls []float32, qs, ks, vs mat, bi, h, qt int) {
+// forwardTile computes the rows of query tile qt of head h of batch bi:
+// in place in a float32 out, or in buf's float32 rows, rounded into a
+// bfloat16 out at the end.
+func (g *attnGeom) forwardTile(buf []float32, out outBuf, ls []float32, qs, ks, vs mat, bi, h, qt int) {
 	T, HD := g.tile, g.HD
 	kvh := h / g.group
 	i0 := qt * T
@@ -225,7 +232,11 @@ func (g *attnGeom) forwardTile(buf, o, ls []float32, qs, ks, vs mat, bi, h, qt i
 	negInf := float32(math.Inf(-1))
 	for r := 0; r < first; r++ {
 		off := g.qOff(bi, i0+r, h)
-		clear(o[off : off+HD])
+		if out.h != nil {
+			clear(out.h[off : off+HD])
+		} else {
+			clear(out.f32[off : off+HD])
+		}
 		ls[g.lseOff(bi, h, i0+r)] = negInf
 	}
 	if first == rows {
@@ -235,6 +246,11 @@ func (g *attnGeom) forwardTile(buf, o, ls []float32, qs, ks, vs mat, bi, h, qt i
 	m := buf[T*T : T*T+T]
 	l := buf[T*T+T : T*T+2*T]
 	alpha := buf[T*T+2*T : T*T+3*T]
+	// Row r of the tile's output is o[oOff+r·ld:][:HD].
+	o, oOff, ld := out.f32, g.qOff(bi, i0, h), g.qRow
+	if out.h != nil {
+		o, oOff, ld = buf[T*T+3*T:T*T+3*T+T*HD], 0, HD
+	}
 	for r := first; r < rows; r++ {
 		m[r], l[r] = negInf, 0
 	}
@@ -264,25 +280,30 @@ func (g *attnGeom) forwardTile(buf, o, ls []float32, qs, ks, vs mat, bi, h, qt i
 			beta = 1
 			for r := r0; r < rows; r++ {
 				if alpha[r] != 1 {
-					off := g.qOff(bi, i0+r, h)
+					off := oOff + r*ld
 					scale(o[off:off+HD], alpha[r])
 				}
 			}
 		}
 		// O = O*alpha + P V.
-		g.rowsNN(cut, r0, rows, cols, 1, s, vs, g.kOff(bi, j0, kvh), beta, o, bi, i0, h)
+		g.rowsNN(cut, r0, rows, cols, 1, s, vs, g.kOff(bi, j0, kvh), beta, o, oOff, ld)
 	}
 	for r := first; r < rows; r++ {
-		off := g.qOff(bi, i0+r, h)
+		off := oOff + r*ld
 		scale(o[off:off+HD], 1/l[r])
 		ls[g.lseOff(bi, h, i0+r)] = float32(float64(m[r]) + math.Log(float64(l[r])))
+		if out.h != nil {
+			dst := g.qOff(bi, i0+r, h)
+			numeric.Float32sToBF16(out.h[dst:dst+HD], o[off:off+HD])
+		}
 	}
 }
 
 // AttentionBackward accumulates dq, dk and dv. It recomputes, tile by
 // tile, P = exp(scale q k^T - lse), dP = dout v^T and dS = P*(dP - D) with
 // D = rowsum(dout*out), and adds dv += P^T dout, dk += scale dS^T q and
-// dq += scale dS k.
+// dq += scale dS k. out is float32, or bfloat16 (AttentionForward's
+// rounded output), widened exactly for D.
 //
 // Two strategies share the work. When the (batch, key/value head) pairs
 // balance over the workers, one worker owns a pair with all its key tiles
@@ -306,18 +327,28 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse backend.
 		v:    attnMat(op, "v", v, nk, d),
 		lse:  f32n(op, "lse", lse, d.B*d.NH*d.Tq),
 	}
-	o := f32n(op, "out", out, nq)
+	o := outF32OrBF16(op, out, nq)
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	// D[b, h, i] = dout[b, i, h, :] . out[b, i, h, :]
 	a.D = b.sharedScratch(d.B * d.NH * d.Tq)
 	b.pool.For(d.B*d.Tq, rowGrain(g.qRow), func(lo, hi int) {
+		var wide []float32 // a bfloat16 out's row, widened
+		if o.h != nil {
+			wide = make([]float32, d.HD)
+		}
 		for bt := lo; bt < hi; bt++ {
 			bi, i := bt/d.Tq, bt%d.Tq
 			for h := 0; h < d.NH; h++ {
 				off := g.qOff(bi, i, h)
-				a.D[g.lseOff(bi, h, i)] = dot(a.dout.f[off:off+d.HD], o[off:off+d.HD])
+				row := wide
+				if o.h != nil {
+					numeric.BF16sToFloat32(wide, o.h[off:off+d.HD])
+				} else {
+					row = o.f32[off : off+d.HD]
+				}
+				a.D[g.lseOff(bi, h, i)] = dot(a.dout.f[off:off+d.HD], row)
 			}
 		}
 	})
@@ -376,7 +407,7 @@ func (g *attnGeom) backwardKV(buf []float32, a *attnBackwardArgs, bi, kvh, kt in
 			g.keysTN(cut, r0, r0+nr, cols, g.scale, sDS, a.q, bi, i0, h, a.dk, bi, j0, kvh)
 			if withDQ {
 				// dQ += scale dS K
-				g.rowsNN(cut, r0, r0+nr, cols, g.scale, sDS, a.k, kOff, 1, a.dq, bi, i0, h)
+				g.rowsNN(cut, r0, r0+nr, cols, g.scale, sDS, a.k, kOff, 1, a.dq, g.qOff(bi, i0, h), g.qRow)
 			}
 		}
 	}
@@ -395,7 +426,7 @@ func (g *attnGeom) backwardQ(buf []float32, a *attnBackwardArgs, bi, h, qt int) 
 			continue
 		}
 		cut := g.cut(i0, j0, r0, r0+nr, cols)
-		g.rowsNN(cut, r0, r0+nr, cols, g.scale, buf[T*T:2*T*T], a.k, g.kOff(bi, j0, kvh), 1, a.dq, bi, i0, h)
+		g.rowsNN(cut, r0, r0+nr, cols, g.scale, buf[T*T:2*T*T], a.k, g.kOff(bi, j0, kvh), 1, a.dq, g.qOff(bi, i0, h), g.qRow)
 	}
 }
 

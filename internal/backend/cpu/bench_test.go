@@ -38,23 +38,25 @@ func BenchmarkAttention(b *testing.B) {
 	dout := upload(be, randF32(r, n, 1))
 	out, lse := be.Alloc(backend.Float32, n), be.Alloc(backend.Float32, benchB*benchNH*benchT)
 	dq, dk, dv := be.Alloc(backend.Float32, n), be.Alloc(backend.Float32, n), be.Alloc(backend.Float32, n)
-	for _, bf16 := range []bool{false, true} {
+	outH := be.Alloc(backend.BFloat16, n)
+	// bf16-out: bfloat16 products and output, as mixed precision runs it.
+	for _, c := range []struct {
+		prefix string
+		bf16   bool
+		out    backend.Tensor
+	}{{"", false, out}, {"bf16/", true, out}, {"bf16-out/", true, outH}} {
 		d := d
-		d.BF16 = bf16
-		prefix := ""
-		if bf16 {
-			prefix = "bf16/"
-		}
-		b.Run(prefix+"forward", func(b *testing.B) {
+		d.BF16 = c.bf16
+		b.Run(c.prefix+"forward", func(b *testing.B) {
 			for b.Loop() {
-				be.AttentionForward(out, lse, q, k, v, d)
+				be.AttentionForward(c.out, lse, q, k, v, d)
 			}
 			reportGFLOPs(b, benchAttnFwdFlops)
 		})
-		b.Run(prefix+"forward+backward", func(b *testing.B) {
+		b.Run(c.prefix+"forward+backward", func(b *testing.B) {
 			for b.Loop() {
-				be.AttentionForward(out, lse, q, k, v, d)
-				be.AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse, d)
+				be.AttentionForward(c.out, lse, q, k, v, d)
+				be.AttentionBackward(dq, dk, dv, dout, q, k, v, c.out, lse, d)
 			}
 			reportGFLOPs(b, benchAttnTotalFlops)
 		})

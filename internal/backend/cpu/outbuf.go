@@ -14,7 +14,8 @@ const bf16Run = 256
 
 // outBuf is the output of an operation that writes float32 or bfloat16
 // (mixed precision's activations read only by matrix products, see
-// backend.Backend.RMSNormForward).
+// backend.Backend.RMSNormForward, and attention's output, which
+// AttentionBackward reads back through one too).
 type outBuf struct {
 	f32 []float32
 	h   []uint16

@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"math"
 	"testing"
 
 	"github.com/titan-go/titan/internal/backend"
@@ -94,4 +95,80 @@ func TestBF16QKV(t *testing.T) {
 	be.RoPEForward(o, x, cs, sn, B, T, NH, HD)
 	be.RoPEForward(oh, x, cs, sn, B, T, NH, HD)
 	sameRounding(t, "RoPEForward", be, oh, download(be, o))
+}
+
+// TestAttentionBF16Output checks attention with a bfloat16 output
+// against the float32-output call: the forward's out is the rounding to
+// nearest even of the float32 out and lse is the same, and the backward
+// reading it gives the float32 path's dq, dk and dv bit for bit when
+// that path is fed the widened bfloat16 out. Subnormal outputs (one
+// value head scaled to float32's smallest normals), rows that see no key
+// (QPos < KPos), float32 and bfloat16 products and both backward
+// strategies are covered; the bfloat16 results are the same on 1 to 3
+// threads.
+func TestAttentionBF16Output(t *testing.T) {
+	base := backend.AttentionDims{B: 2, Tq: 40, Tk: 37, NH: 4, NKV: 2, HD: 16, QPos: 3, KPos: 9}
+	nq, nk := base.B*base.Tq*base.NH*base.HD, base.B*base.Tk*base.NKV*base.HD
+	nl := base.B * base.NH * base.Tq
+	r := newRand(11)
+	qf, kf, vf, df := randF32(r, nq, 1), randF32(r, nk, 1), randF32(r, nk, 1), randF32(r, nq, 1)
+	for i := base.HD; i < len(vf); i += 2 * base.HD {
+		for j := i; j < i+base.HD; j++ {
+			// Value head 1 near float32's smallest normals (the bfloat16
+			// products flush subnormal operands): the averages query
+			// heads 2 and 3 output are mostly subnormal.
+			vf[j] *= 4e-38
+		}
+	}
+	for _, bf16 := range []bool{false, true} {
+		for _, fusedMin := range []int{1, 1 << 30} {
+			d := base
+			d.BF16 = bf16
+			var first [4][]float32 // the bfloat16 path's out (widened), dq, dk, dv on one thread
+			for _, threads := range []int{1, 2, 3} {
+				t.Run(fmt.Sprintf("bf16=%v/fusedMin=%d/threads=%d", bf16, fusedMin, threads), func(t *testing.T) {
+					be := newTestBackend(t, threads)
+					be.attnTile, be.attnFusedMin = 16, fusedMin
+					q, k, v, dout := upload(be, qf), upload(be, kf), upload(be, vf), upload(be, df)
+					out, lse := be.Alloc(backend.Float32, nq), be.Alloc(backend.Float32, nl)
+					outH, lseH := be.Alloc(backend.BFloat16, nq), be.Alloc(backend.Float32, nl)
+					be.AttentionForward(out, lse, q, k, v, d)
+					be.AttentionForward(outH, lseH, q, k, v, d)
+					want := download(be, out)
+					sameRounding(t, "out", be, outH, want)
+					sameBits(t, "lse", download(be, lseH), download(be, lse))
+					subnormal := 0
+					for _, x := range want {
+						if x != 0 && math.Abs(float64(x)) < 0x1p-126 {
+							subnormal++
+						}
+					}
+					if subnormal == 0 {
+						t.Fatal("no subnormal output")
+					}
+					h := make([]uint16, nq)
+					be.Download(h, outH)
+					wide := make([]float32, nq)
+					numeric.BF16sToFloat32(wide, h)
+					grads := func(o backend.Tensor) [3][]float32 {
+						dq, dk, dv := be.Alloc(backend.Float32, nq), be.Alloc(backend.Float32, nk), be.Alloc(backend.Float32, nk)
+						be.AttentionBackward(dq, dk, dv, dout, q, k, v, o, lse, d)
+						return [3][]float32{download(be, dq), download(be, dk), download(be, dv)}
+					}
+					g32, g16 := grads(upload(be, wide)), grads(outH)
+					for i, name := range []string{"dq", "dk", "dv"} {
+						sameBits(t, name, g16[i], g32[i])
+					}
+					got := [4][]float32{wide, g16[0], g16[1], g16[2]}
+					if threads == 1 {
+						first = got
+						return
+					}
+					for i, name := range []string{"out", "dq", "dk", "dv"} {
+						sameBits(t, name+" against one thread", got[i], first[i])
+					}
+				})
+			}
+		}
+	}
 }

@@ -185,7 +185,7 @@ func (b *Backend) RMSNormForward(out, rstd, inp, weight backend.Tensor, N, C int
 // memory that done rounds into it (nearest even, as the CPU backend).
 // Call done after the launch.
 func (b *Backend) f32Out(op string, out backend.Tensor, n int) (p uintptr, done func()) {
-	if out.Mem == nil || out.DType() != backend.BFloat16 {
+	if !isBF16(out) {
 		return f32p(op, "out", out, n), func() {}
 	}
 	d := ptr(op, "out", out, backend.BFloat16, n)
@@ -196,6 +196,9 @@ func (b *Backend) f32Out(op string, out backend.Tensor, n int) (p uintptr, done 
 		b.launch(op, "cast_f32_to_bf16", elemGrid(n), Dim3{elemBlock, 1, 1}, d, s, int64(n))
 	}
 }
+
+// isBF16 reports whether t is a bfloat16 tensor.
+func isBF16(t backend.Tensor) bool { return t.Mem != nil && t.DType() == backend.BFloat16 }
 
 // RMSNormBackward accumulates dinp and dweight.
 func (b *Backend) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd backend.Tensor, N, C int) {
@@ -286,6 +289,8 @@ func attArgs(d backend.AttentionDims) []any {
 }
 
 // AttentionForward: tiled causal GQA attention saving the log-sum-exp.
+// A bfloat16 out receives the float32 kernel's output (in scratch)
+// rounded to nearest even, as the CPU backend's.
 func (b *Backend) AttentionForward(out, lse, q, k, v backend.Tensor, d backend.AttentionDims) {
 	const op = "AttentionForward"
 	attCheck(op, d)
@@ -293,10 +298,21 @@ func (b *Backend) AttentionForward(out, lse, q, k, v backend.Tensor, d backend.A
 		return
 	}
 	nq, nk := d.B*d.Tq*d.NH*d.HD, d.B*d.Tk*d.NKV*d.HD
-	pq, pk, pv, _, unlock := b.attnQKV(op, q, k, v, d, nq, nk, 0)
+	half := isBF16(out)
+	extra := 0
+	if half {
+		extra = 4 * nq
+	}
+	pq, pk, pv, po, unlock := b.attnQKV(op, q, k, v, d, nq, nk, extra)
 	defer unlock()
-	args := append([]any{f32p(op, "out", out, nq), f32p(op, "lse", lse, d.B*d.NH*d.Tq), pq, pk, pv}, attArgs(d)...)
+	if !half {
+		po = f32p(op, "out", out, nq)
+	}
+	args := append([]any{po, f32p(op, "lse", lse, d.B*d.NH*d.Tq), pq, pk, pv}, attArgs(d)...)
 	b.launch(op, "attention_fwd", Dim3{blocks(d.Tq, attWarps), uint32(d.NH), uint32(d.B)}, Dim3{attWarps * 32, 1, 1}, args...)
+	if half {
+		b.launch(op, "cast_f32_to_bf16", elemGrid(nq), Dim3{elemBlock, 1, 1}, ptr(op, "out", out, backend.BFloat16, nq), po, int64(nq))
+	}
 }
 
 // attnQKV returns float32 pointers to q, k and v: their own, or for a
@@ -305,10 +321,9 @@ func (b *Backend) AttentionForward(out, lse, q, k, v backend.Tensor, d backend.A
 // scratch reserved for the caller. unlock releases the scratch.
 func (b *Backend) attnQKV(op string, q, k, v backend.Tensor, d backend.AttentionDims, nq, nk, extra int) (pq, pk, pv, rest uintptr, unlock func()) {
 	ts, names, ns := [3]backend.Tensor{q, k, v}, [3]string{"q", "k", "v"}, [3]int{nq, nk, nk}
-	half := func(t backend.Tensor) bool { return t.Mem != nil && t.DType() == backend.BFloat16 }
 	need := extra
 	for i, t := range ts {
-		if half(t) {
+		if isBF16(t) {
 			if !d.BF16 {
 				panic(fmt.Sprintf("cuda: %s: %s is bfloat16 but the products are float32 (AttentionDims.BF16 unset)", op, names[i]))
 			}
@@ -326,7 +341,7 @@ func (b *Backend) attnQKV(op string, q, k, v backend.Tensor, d backend.Attention
 	s := b.scratchBytes(need)
 	off := s + uintptr(extra)
 	for i, t := range ts {
-		if !half(t) {
+		if !isBF16(t) {
 			ps[i] = f32p(op, names[i], t, ns[i])
 			continue
 		}
@@ -336,7 +351,8 @@ func (b *Backend) attnQKV(op string, q, k, v backend.Tensor, d backend.Attention
 	return ps[0], ps[1], ps[2], s, b.mu.Unlock
 }
 
-// AttentionBackward accumulates dq, dk and dv.
+// AttentionBackward accumulates dq, dk and dv; a bfloat16 out is
+// widened exactly into scratch for rowsum(dout·out).
 func (b *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse backend.Tensor, d backend.AttentionDims) {
 	const op = "AttentionBackward"
 	attCheck(op, d)
@@ -345,11 +361,23 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse backend.
 	}
 	nq, nk, nl := d.B*d.Tq*d.NH*d.HD, d.B*d.Tk*d.NKV*d.HD, d.B*d.NH*d.Tq
 	pdo, plse := f32p(op, "dout", dout, nq), f32p(op, "lse", lse, nl)
-	pq, pk, pv, D, unlock := b.attnQKV(op, q, k, v, d, nq, nk, nl*4)
+	half := isBF16(out)
+	extra := nl * 4
+	if half {
+		extra += 4 * nq
+	}
+	pq, pk, pv, D, unlock := b.attnQKV(op, q, k, v, d, nq, nk, extra)
 	defer unlock()
+	var po uintptr
+	if half {
+		po = D + uintptr(nl*4)
+		b.launch(op, "cast_bf16_to_f32", elemGrid(nq), Dim3{elemBlock, 1, 1}, po, ptr(op, "out", out, backend.BFloat16, nq), int64(nq))
+	} else {
+		po = f32p(op, "out", out, nq)
+	}
 	rows := d.B * d.Tq * d.NH
 	b.launch(op, "attention_bwd_d", Dim3{blocks(rows, attWarps), 1, 1}, Dim3{attWarps * 32, 1, 1},
-		D, pdo, f32p(op, "out", out, nq), int32(d.B), int32(d.Tq), int32(d.NH), int32(d.HD))
+		D, pdo, po, int32(d.B), int32(d.Tq), int32(d.NH), int32(d.HD))
 	b.launch(op, "attention_bwd_dq", Dim3{blocks(d.Tq, attWarps), uint32(d.NH), uint32(d.B)}, Dim3{attWarps * 32, 1, 1},
 		append([]any{f32p(op, "dq", dq, nq), pdo, pq, pk, pv, plse, D}, attArgs(d)...)...)
 	b.launch(op, "attention_bwd_dkdv", Dim3{blocks(d.Tk, attBC), uint32(d.NKV), uint32(d.B)}, Dim3{attWarps * 32, 1, 1},

@@ -445,6 +445,65 @@ func TestAttentionBF16Inputs(t *testing.T) {
 	checkRounded(t, "RoPEForward bf16", g, oh, o)
 }
 
+// TestAttentionBF16Output: a bfloat16 out receives the rounding to
+// nearest even of the float32 out (lse unchanged), and the backward
+// reading it gives, bit for bit, the gradients of the float32 path fed
+// its widening; with float32 and bfloat16 products, rows that see no key
+// included. The CPU backend's bfloat16 out agrees within a bfloat16
+// rounding (and the products' bfloat16 error).
+func TestAttentionBF16Output(t *testing.T) {
+	p := newPair(t)
+	g := p.g
+	for _, bf16 := range []bool{false, true} {
+		d := backend.AttentionDims{B: 2, Tq: 21, Tk: 17, NH: 4, NKV: 2, HD: 24, KPos: 5, BF16: bf16}
+		t.Run(fmt.Sprintf("BF16=%v", bf16), func(t *testing.T) {
+			nq, nk, nl := d.B*d.Tq*d.NH*d.HD, d.B*d.Tk*d.NKV*d.HD, d.B*d.NH*d.Tq
+			q, k, v, dout := p.rand(nq, 1), p.rand(nk, 1), p.rand(nk, 1), p.rand(nq, 1)
+			out, lse := g.Alloc(backend.Float32, nq), g.Alloc(backend.Float32, nl)
+			outH, lseH := g.Alloc(backend.BFloat16, nq), g.Alloc(backend.Float32, nl)
+			g.AttentionForward(out, lse, q.g, k.g, v.g, d)
+			g.AttentionForward(outH, lseH, q.g, k.g, v.g, d)
+			checkRounded(t, "out", g, outH, out)
+			wide := g.Alloc(backend.Float32, nq)
+			g.FromBF16(wide, outH)
+			run := func(o backend.Tensor) [4][]float32 {
+				dq, dk, dv := g.Alloc(backend.Float32, nq), g.Alloc(backend.Float32, nk), g.Alloc(backend.Float32, nk)
+				g.AttentionBackward(dq, dk, dv, dout.g, q.g, k.g, v.g, o, lse, d)
+				l := lse
+				if o == outH {
+					l = lseH
+				}
+				var r [4][]float32
+				for i, x := range []backend.Tensor{l, dq, dk, dv} {
+					r[i] = make([]float32, x.Len)
+					g.Download(r[i], x)
+				}
+				return r
+			}
+			want, got := run(wide), run(outH)
+			for i, name := range []string{"lse", "dq", "dk", "dv"} {
+				for j := range want[i] {
+					if math.Float32bits(got[i][j]) != math.Float32bits(want[i][j]) {
+						t.Fatalf("%s[%d] = %v with a bfloat16 out, %v with its widening", name, j, got[i][j], want[i][j])
+					}
+				}
+			}
+			cH := p.c.Alloc(backend.BFloat16, nq)
+			p.c.AttentionForward(cH, p.c.Alloc(backend.Float32, nl), q.c, k.c, v.c, d)
+			h, w := make([]uint16, nq), make([]float32, nq)
+			p.c.Download(h, cH)
+			numeric.BF16sToFloat32(w, h)
+			cw := p.c.Alloc(backend.Float32, nq)
+			p.c.Upload(cw, w)
+			atol := 1e-6
+			if bf16 {
+				atol = 5e-3 // the two backends' bfloat16 products round P at different points
+			}
+			p.check(t, "out (bfloat16, widened)", both{g: wide, c: cw}, atol, 1e-2)
+		})
+	}
+}
+
 func TestActivations(t *testing.T) {
 	p := newPair(t)
 	const n = 3001

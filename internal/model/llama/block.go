@@ -21,7 +21,7 @@ import (
 type layerActs struct {
 	attnNorm, attnRstd backend.Tensor // norm output, gathered [N, D]; 1/rms [n]
 	q, k, v            backend.Tensor // projections after RoPE [N, nq], [N, nkv]
-	attn, lse          backend.Tensor // attention output [N, nq], log-sum-exp [N·nh]
+	attn, lse          backend.Tensor // attention output (read by wo) [N, nq], log-sum-exp [N·nh]
 	mid                backend.Tensor // residual stream after attention [n, D]
 	ffnNorm, ffnRstd   backend.Tensor // [N, D]; [n]
 	h1, h3, hs         backend.Tensor // w1·x, w3·x, silu(w1·x)*(w3·x) [N, f]
@@ -31,11 +31,11 @@ type layerActs struct {
 func (m *Model) actFields(a *layerActs) []actField {
 	N, n, D := m.N, m.n, m.Cfg.Dim
 	norm := m.tp() == 1 // gathered from float32 host buffers under tp
-	qkv := m.cp() == 1  // ring attention stages k and v in float32 host buffers
+	qkv := m.cp() == 1  // ring attention stages k, v and the merged output in float32 host buffers
 	return []actField{
 		{&a.attnNorm, N * D, true, norm}, {&a.attnRstd, n, true, false},
 		{&a.q, N * m.nq, false, qkv}, {&a.k, N * m.nkvd, false, qkv}, {&a.v, N * m.nkvd, false, qkv},
-		{&a.attn, N * m.nq, false, false}, {&a.lse, N * m.nh, false, false},
+		{&a.attn, N * m.nq, false, qkv}, {&a.lse, N * m.nh, false, false},
 		{&a.mid, n * D, false, false},
 		{&a.ffnNorm, N * D, true, norm}, {&a.ffnRstd, n, true, false},
 		{&a.h1, N * m.f, false, false}, {&a.h3, N * m.f, false, false}, {&a.hs, N * m.f, true, true},

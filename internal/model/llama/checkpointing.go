@@ -95,7 +95,7 @@ type actField struct {
 	n     int
 	cheap bool
 	// half: bfloat16 under mixed precision (read only by bfloat16
-	// products, see Model.halfAct).
+	// products, or attention's output; see Model.halfAct).
 	half bool
 }
 

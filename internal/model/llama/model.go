@@ -441,7 +441,9 @@ func (m *Model) ActivationBytes() int64 {
 // bfloat16: under bfloat16 mixed precision. The products round their
 // operands to bfloat16 anyway, so the results are the same bits as from
 // float32 buffers, at half the memory and half the bytes the products'
-// packing reads.
+// packing reads. So is attention's output without context parallelism,
+// as autocast's attention returns it: wo's product rounds it anyway, and
+// the attention backward's rowsum(dO·O) reads the bfloat16 output.
 func (m *Model) halfAct() bool { return m.Precision.BF16() }
 
 // claim starts a pass on the activation scratch: when it is shared and
