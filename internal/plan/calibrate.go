@@ -251,6 +251,14 @@ func measureKernels(cfg llama.Config, B, T int, cps []int) (kernelRates, error) 
 		be.Upload(t, h)
 		return t
 	}
+	// Mixed precision's operands that the engine keeps in bfloat16: the
+	// weights, the products' activation inputs, attention's q, k, v and
+	// output (gradients stay float32).
+	half := func(n int) backend.Tensor {
+		t := be.Alloc(backend.BFloat16, n)
+		be.Copy(t, fill(n))
+		return t
+	}
 	// The products of a layer and the head, forward and both backward
 	// products, as the model runs them: x[N×in] · W[out×in]^T.
 	shapes := [][2]int{{D, Q}, {D, KV}, {D, KV}, {Q, D}, {D, F}, {D, F}, {F, D}, {D, V}}
@@ -259,27 +267,32 @@ func measureKernels(cfg llama.Config, B, T int, cps []int) (kernelRates, error) 
 		in, out := s[0], s[1]
 		x, w, y := fill(N*in), fill(out*in), fill(N*out)
 		dx, dw := fill(N*in), fill(out*in)
+		xh, wh := half(N*in), half(out*in)
 		secs += timeIt(func() {
 			be.Gemm(false, true, N, out, in, 1, x, in, w, in, 0, y, out)
 			be.Gemm(false, false, N, in, out, 1, y, out, w, in, 0, dx, in)
 			be.Gemm(true, false, out, in, N, 1, y, out, x, in, 0, dw, in)
 		})
 		secsBF16 += timeIt(func() {
-			be.GemmBF16(false, true, N, out, in, 1, x, in, w, in, 0, y, out)
-			be.GemmBF16(false, false, N, in, out, 1, y, out, w, in, 0, dx, in)
-			be.GemmBF16(true, false, out, in, N, 1, y, out, x, in, 0, dw, in)
+			be.GemmBF16(false, true, N, out, in, 1, xh, in, wh, in, 0, y, out)
+			be.GemmBF16(false, false, N, in, out, 1, y, out, wh, in, 0, dx, in)
+			be.GemmBF16(true, false, out, in, N, 1, y, out, xh, in, 0, dw, in)
 		})
 		flops += 3 * 2 * float64(N) * float64(in) * float64(out)
 	}
 	r := kernelRates{gemm: flops / secs, gemmBF16: flops / secsBF16, threads: be.Threads()}
 	// Causal attention forward and backward, in float32 and with
 	// bfloat16 products.
-	q, k, v := fill(N*Q), fill(N*KV), fill(N*KV)
-	out, lse, dout := fill(N*Q), fill(B*cfg.NHeads*T), fill(N*Q)
+	lse, dout := fill(B*cfg.NHeads*T), fill(N*Q)
 	dq, dk, dv := fill(N*Q), fill(N*KV), fill(N*KV)
 	af := attentionFLOPs(cfg, float64(N), float64(T))
 	for _, bf16 := range []bool{false, true} {
 		d := backend.AttentionDims{B: B, Tq: T, Tk: T, NH: cfg.NHeads, NKV: cfg.KVHeads(), HD: cfg.HeadDim(), BF16: bf16}
+		alloc := fill
+		if bf16 {
+			alloc = half
+		}
+		q, k, v, out := alloc(N*Q), alloc(N*KV), alloc(N*KV), alloc(N*Q)
 		fwd := timeIt(func() { be.AttentionForward(out, lse, q, k, v, d) })
 		bwd := timeIt(func() { be.AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse, d) })
 		if bf16 {
