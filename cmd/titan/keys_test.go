@@ -365,7 +365,8 @@ var keyTable = map[string]keyCheck{
 	}},
 	"training.mixed_precision_param":  {coveredBy: "TestMixedPrecisionLayoutsMatchOneProcess"},
 	"training.mixed_precision_reduce": {coveredBy: "TestMixedPrecisionLayoutsMatchOneProcess"},
-	// [float8]: the recipes and the filter change a float8 run's losses;
+	// [float8]: the recipes and the filter change a float8 run's losses,
+	// which tensor parallelism keeps (TestFloat8TensorParallelMatchesOneProcess);
 	// the FSDP float8 all-gather moves the float8 weights in half the
 	// bytes of the bfloat16 gather, with the same losses; precomputed
 	// scales take fewer amax all-reduces, with the same losses.

@@ -237,34 +237,52 @@ func parallel(n, work int, fn func(lo, hi int)) {
 	wg.Wait()
 }
 
-// CastRows casts each of the rows rows of cols elements of src [rows,
-// cols] with its own scale from its amax (see Scale), into dst, and
-// stores the scales in scales [rows].
-func CastRows(dst, src []float32, rows, cols int, f Format, pow2 bool, scales []float32) {
+// RowAmax writes into amax [rows] the largest |x| of each row of src
+// [rows, cols] (see Amax).
+func RowAmax(amax, src []float32, rows, cols int) {
 	parallel(rows, cols, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			r := src[i*cols : (i+1)*cols]
-			s := Scale(Amax(r), f, pow2)
-			scales[i] = s
-			castScaled(dst[i*cols:(i+1)*cols], r, s, nil, f)
+			amax[i] = Amax(src[i*cols : (i+1)*cols])
 		}
 	})
 }
 
-// CastCols casts each column of src [rows, cols] with its own scale (over
-// the column's rows) into dst, and stores the scales in scales [cols].
-func CastCols(dst, src []float32, rows, cols int, f Format, pow2 bool, scales []float32) {
-	amax := make([]uint32, cols)
+// ColAmax writes into amax [cols] the largest |x| of each column of src
+// [rows, cols] (see Amax).
+func ColAmax(amax, src []float32, rows, cols int) {
+	bits := make([]uint32, cols)
 	for i := 0; i < rows; i++ {
 		row := src[i*cols : (i+1)*cols]
-		done := amaxColsVec(amax, row)
+		done := amaxColsVec(bits, row)
 		for j, v := range row[done:] {
-			amax[done+j] = max(amax[done+j], math.Float32bits(v)&^0x80000000)
+			bits[done+j] = max(bits[done+j], math.Float32bits(v)&^0x80000000)
 		}
 	}
-	for j := range amax {
-		scales[j] = Scale(math.Float32frombits(amax[j]), f, pow2)
+	for j, b := range bits {
+		amax[j] = math.Float32frombits(b)
 	}
+}
+
+// Scales writes into scales[i] the scale of amax[i] (see Scale).
+func Scales(scales, amax []float32, f Format, pow2 bool) {
+	for i, a := range amax {
+		scales[i] = Scale(a, f, pow2)
+	}
+}
+
+// CastRows casts each row i of src [rows, cols] into dst with its own
+// scale scales[i] (from the row's amax: RowAmax, Scales).
+func CastRows(dst, src []float32, rows, cols int, f Format, scales []float32) {
+	parallel(rows, cols, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			castScaled(dst[i*cols:(i+1)*cols], src[i*cols:(i+1)*cols], scales[i], nil, f)
+		}
+	})
+}
+
+// CastCols casts each column j of src [rows, cols] into dst with its own
+// scale scales[j] (from the column's amax: ColAmax, Scales).
+func CastCols(dst, src []float32, rows, cols int, f Format, scales []float32) {
 	parallel(rows, cols, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			castScaled(dst[i*cols:(i+1)*cols], src[i*cols:(i+1)*cols], 0, scales, f)

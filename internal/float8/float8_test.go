@@ -69,7 +69,12 @@ func TestScale(t *testing.T) {
 func TestCastRowsCols(t *testing.T) {
 	x := []float32{1, -3, 0.5, 2, 0.25, -0.125}
 	dst, s := make([]float32, 6), make([]float32, 2)
-	CastRows(dst, x, 2, 3, E4M3, false, s)
+	RowAmax(s, x, 2, 3)
+	if s[0] != 3 || s[1] != 2 {
+		t.Fatalf("row amaxes %v", s)
+	}
+	Scales(s, s, E4M3, false)
+	CastRows(dst, x, 2, 3, E4M3, s)
 	if s[0] != 448.0/3 || s[1] != 224 {
 		t.Fatalf("row scales %v", s)
 	}
@@ -77,7 +82,12 @@ func TestCastRowsCols(t *testing.T) {
 		t.Fatalf("rows cast to %v", dst)
 	}
 	sc := make([]float32, 3)
-	CastCols(dst, x, 2, 3, E5M2, true, sc)
+	ColAmax(sc, x, 2, 3)
+	if sc[0] != 2 || sc[1] != 3 || sc[2] != 0.5 {
+		t.Fatalf("column amaxes %v", sc)
+	}
+	Scales(sc, sc, E5M2, true)
+	CastCols(dst, x, 2, 3, E5M2, sc)
 	if sc[0] != Scale(2, E5M2, true) || sc[1] != Scale(3, E5M2, true) || sc[2] != Scale(0.5, E5M2, true) {
 		t.Fatalf("column scales %v", sc)
 	}

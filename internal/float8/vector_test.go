@@ -35,8 +35,8 @@ func scalar(f func()) {
 	f()
 }
 
-// TestVectorCastsMatchScalar: the AVX-512 casts (Cast, CastRows and
-// CastCols with its per-column scales, CastE4M3's bytes and WidenE4M3)
+// TestVectorCastsMatchScalar: the AVX-512 casts (Cast, CastCols with
+// its per-column scales from ColAmax, CastE4M3's bytes and WidenE4M3)
 // give the scalar loop's bits,
 // NaN payloads included, on every class of castInputs, for scales that
 // move them across every boundary, on every length and alignment of a
@@ -86,8 +86,13 @@ func TestVectorCastsMatchScalar(t *testing.T) {
 			}
 			x[cc+3] = float32(math.NaN())
 			gs, ws := make([]float32, cc), make([]float32, cc)
-			CastCols(got[:len(x)], x, rows, cc, f, true, gs)
-			scalar(func() { CastCols(want[:len(x)], x, rows, cc, f, true, ws) })
+			castCols := func(dst, scales []float32) {
+				ColAmax(scales, x, rows, cc)
+				Scales(scales, scales, f, true)
+				CastCols(dst, x, rows, cc, f, scales)
+			}
+			castCols(got[:len(x)], gs)
+			scalar(func() { castCols(want[:len(x)], ws) })
 			same(f.String()+" CastCols scales", gs, ws)
 			same(f.String()+" CastCols", got[:len(x)], want[:len(x)])
 		}

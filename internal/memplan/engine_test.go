@@ -50,6 +50,8 @@ func TestEstimateIsTheEnginesAccounting(t *testing.T) {
 		{"DDP2 bf16 reduce bf16", memplan.Degrees{DPReplicate: 2}, "", true, true, nil, memplan.EvalShape{}},
 		{"CP2", memplan.Degrees{CP: 2}, "", false, false, nil, memplan.EvalShape{}},
 		{"TP2", memplan.Degrees{TP: 2}, "", false, false, nil, memplan.EvalShape{}},
+		{"TP2 bf16 float8", memplan.Degrees{TP: 2}, "", true, false, f8TP, memplan.EvalShape{}},
+		{"FSDP2xTP2 bf16 float8 all-gather", memplan.Degrees{DPShard: 2, TP: 2}, "", true, false, f8Gather, memplan.EvalShape{}},
 		{"PP2 Interleaved1F1B", memplan.Degrees{PP: 2}, "Interleaved1F1B", false, false, nil, memplan.EvalShape{}},
 		{"one validation 3x32", memplan.Degrees{}, "", false, false, nil, memplan.EvalShape{Rows: 3, SeqLen: 32}},
 		{"one validation same shape", memplan.Degrees{}, "", false, false, nil, memplan.EvalShape{Rows: B, SeqLen: T}},
@@ -115,6 +117,10 @@ func TestEstimateIsTheEnginesAccounting(t *testing.T) {
 // f8Gather is tensorwise float8 with its FSDP all-gather (the output
 // projection left in float32, as its logits are chunked).
 var f8Gather = &float8.Config{Recipe: float8.Tensorwise, FilterFQNs: []string{"output"}, FSDPAllGather: true}
+
+// f8TP is rowwise float8 with the output projection too (one logits
+// chunk under tp).
+var f8TP = &float8.Config{Recipe: float8.Rowwise}
 
 // step builds rank r's engine, runs one forward and backward and returns
 // its memory accounting.

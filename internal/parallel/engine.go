@@ -309,7 +309,7 @@ func New(be backend.Backend, fam model.Family, g *Groups, o Options) (Engine, er
 		Segments: segments,
 		KeepLast: e.stages[len(e.stages)-1].index == last,
 		Param:    o.Precision.Param, Reduce: o.Reduce,
-		Float8: f8, BindScales: bindScales,
+		Float8: f8, BindScales: bindScales, Float8Peers: g.TP,
 		Float8AllGather:  o.Precision.Float8 != nil && o.Precision.Float8.FSDPAllGather,
 		PrecomputeScales: o.Precision.Float8 != nil && o.Precision.Float8.PrecomputeScales,
 	})

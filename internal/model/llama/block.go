@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/titan-go/titan/internal/backend"
+	"github.com/titan-go/titan/internal/numeric"
 	"github.com/titan-go/titan/internal/trace"
 )
 
@@ -50,7 +51,7 @@ func (m *Model) layerForward(l int, out bool) error {
 	a, p := &m.layers[l], &m.P.Layers[l]
 	// Attention: mid = resid[l] + wo(attn(rope(wq x), rope(wk x), wv x)), x = norm(resid[l]).
 	span := trace.Begin(trace.CatNorm, "attention_norm")
-	err := m.normGather(a.attnNorm, a.attnRstd, m.seq, m.resid[l], p.AttnNorm)
+	err := m.normGather(a.attnNorm, a.attnRstd, m.seq, m.resid[l], p.AttnNorm, true)
 	span.End()
 	if err != nil {
 		return err
@@ -88,7 +89,7 @@ func (m *Model) layerForward(l int, out bool) error {
 	}
 	// Feed-forward: resid[l+1] = mid + w2(silu(w1 x) * w3 x), x = norm(mid).
 	span = trace.Begin(trace.CatNorm, "ffn_norm")
-	err = m.normGather(a.ffnNorm, a.ffnRstd, m.seq, a.mid, p.FFNNorm)
+	err = m.normGather(a.ffnNorm, a.ffnRstd, m.seq, a.mid, p.FFNNorm, true)
 	span.End()
 	if err != nil {
 		return err
@@ -200,10 +201,10 @@ func (m *Model) layerBackward(l, u int, split bool) error {
 // its kept ones, exactly as layerForward computed them.
 func (m *Model) recomputeCheap(l int) error {
 	a, p := &m.layers[l], &m.P.Layers[l]
-	if err := m.normGather(a.attnNorm, a.attnRstd, m.seq, m.resid[l], p.AttnNorm); err != nil {
+	if err := m.normGather(a.attnNorm, a.attnRstd, m.seq, m.resid[l], p.AttnNorm, true); err != nil {
 		return err
 	}
-	if err := m.normGather(a.ffnNorm, a.ffnRstd, m.seq, a.mid, p.FFNNorm); err != nil {
+	if err := m.normGather(a.ffnNorm, a.ffnRstd, m.seq, a.mid, p.FFNNorm, true); err != nil {
 		return err
 	}
 	m.be.SwiGLUForward(a.hs, a.h1, a.h3, m.N*m.f)
@@ -239,14 +240,17 @@ func (m *Model) restore(l int) error {
 // normGather normalises this rank's rows x [n, D] (1/rms into rstd [n])
 // and leaves the result for all N rows in dst [N, D], all-gathered over
 // the tp ranks through tmp [n, D]. At TP = 1 it normalises into dst.
-func (m *Model) normGather(dst, rstd, tmp, x, w backend.Tensor) error {
+// layer says that dst is a layer's norm output, which one process holds
+// in bfloat16 under mixed precision (actFields): the gathered rows are
+// its values (see gather).
+func (m *Model) normGather(dst, rstd, tmp, x, w backend.Tensor, layer bool) error {
 	eps := float32(m.Cfg.NormEps)
 	if m.tp() == 1 {
 		m.be.RMSNormForward(dst, rstd, x, w, m.n, m.Cfg.Dim, eps)
 		return nil
 	}
 	m.be.RMSNormForward(tmp, rstd, x, w, m.n, m.Cfg.Dim, eps)
-	return m.gather(dst, tmp)
+	return m.gather(dst, tmp, layer && m.halfAct())
 }
 
 // normBackward accumulates into dres [n, D] and gw the gradient of a
@@ -288,12 +292,21 @@ func (m *Model) gatherGrad() (backend.Tensor, error) {
 	if m.tp() == 1 {
 		return m.dres, nil
 	}
-	return m.full, m.gather(m.full, m.dres)
+	return m.full, m.gather(m.full, m.dres, false)
 }
 
-// gather all-gathers the sequence-parallel rows src [n, D] into dst [N, D].
-func (m *Model) gather(dst, src backend.Tensor) error {
+// gather all-gathers the sequence-parallel rows src [n, D] into dst [N, D],
+// their values rounded to bfloat16 with half: a norm output under mixed
+// precision, which one process stores in bfloat16 (see actFields) and
+// tensor parallelism gathers in float32, so that every product (a float8
+// cast included) reads the same values.
+func (m *Model) gather(dst, src backend.Tensor, half bool) error {
 	m.be.Download(m.hn, src)
+	if half {
+		for i, v := range m.hn {
+			m.hn[i] = numeric.RoundBF16(v)
+		}
+	}
 	if err := m.c().AllGatherSeq(m.hn, m.hN); err != nil {
 		return fmt.Errorf("llama: sequence all-gather: %w", err)
 	}

@@ -50,16 +50,13 @@ func (m *Model) fqn(k linKey) string {
 	return fmt.Sprintf("layers.%d.%s", m.Spec.FirstLayer+k.l, linNames[k.id])
 }
 
-// planFloat8 decides which linear layers compute in float8.
+// planFloat8 decides which linear layers compute in float8. Under tensor
+// parallelism each rank casts its shards with the scales of the whole
+// tensors (see cast8).
 func (m *Model) planFloat8() error {
 	c := m.Precision.Float8
 	if c == nil {
 		return nil
-	}
-	if m.tp() > 1 {
-		// The dynamic scales are maxima over whole tensors and rows that
-		// tensor parallelism splits; they would need their own collectives.
-		return fmt.Errorf("model.converters float8: tensor_parallel_degree %d is not supported (float8 scales span the tp shards)", m.tp())
 	}
 	m.f8 = map[linKey]bool{}
 	for l := 0; l < m.nLayers; l++ {
@@ -115,7 +112,7 @@ func (m *Model) linearInputGrad(k linKey, dinp, dout, w backend.Tensor, N, in, o
 // for layer k.
 func (m *Model) linearWeightGrad(k linKey, dw, dout, inp backend.Tensor, N, in, outDim int) {
 	if m.f8[k] && m.Precision.Float8.Recipe != float8.RowwiseGWHP {
-		m.f8WeightGrad(dw, dout, inp, N, in, outDim)
+		m.f8WeightGrad(k, dw, dout, inp, N, in, outDim)
 		return
 	}
 	m.gemm(true, false, outDim, in, N, dout, outDim, inp, in, 1, dw, in)
@@ -156,8 +153,8 @@ func hostIn(buf []float32, inp backend.Tensor) []float32 {
 	return buf
 }
 
-// cast8 casts src [rows, cols] into dst with the recipe's granularity:
-// by tensor (one scale, returned as a 1-vector), by row, or by column.
+// granularity is how a float8 operand is scaled: by tensor (one scale),
+// by row, or by column.
 type granularity uint8
 
 const (
@@ -166,21 +163,112 @@ const (
 	byCol
 )
 
-func cast8(dst, src []float32, rows, cols int, f float8.Format, g granularity, pow2 bool) []float32 {
-	src, dst = src[:rows*cols], dst[:rows*cols]
-	switch g {
+// f8Operand is one operand of a float8 product: src [rows, cols] cast
+// into dst in format f with scales by g, rounded down to powers of two
+// with pow2. Under tensor parallelism splitRows and splitCols say that
+// this rank holds a shard of the whole operand split along that
+// dimension (see tpSplit).
+type f8Operand struct {
+	dst, src             []float32
+	rows, cols           int
+	f                    float8.Format
+	g                    granularity
+	pow2                 bool
+	splitRows, splitCols bool
+}
+
+// spansShards reports whether o's scales are maxima over a dimension the
+// tp ranks split: the whole tensor's when it is split at all, a row's
+// when its columns are, a column's when its rows are.
+func (o *f8Operand) spansShards() bool {
+	switch o.g {
 	case byRow:
-		s := make([]float32, rows)
-		float8.CastRows(dst, src, rows, cols, f, pow2, s)
-		return s
+		return o.splitCols
 	case byCol:
-		s := make([]float32, cols)
-		float8.CastCols(dst, src, rows, cols, f, pow2, s)
-		return s
+		return o.splitRows
 	}
-	s := float8.Scale(float8.Amax(src), f, pow2)
-	float8.Cast(dst, src, s, f)
-	return []float32{s}
+	return o.splitRows || o.splitCols
+}
+
+// tpSplit says which of layer k's feature dimensions this rank holds a
+// shard of under tensor parallelism: in for the row-parallel wo and w2,
+// out for the column-parallel wq, wk, wv, w1, w3 and the vocabulary-
+// parallel output projection. Operands: x [N, in], W [out, in] and
+// dy [N, out]; the tokens N are never split (the linear layers' inputs
+// and the row-parallel ones' output gradients are gathered over the tp
+// ranks).
+func (m *Model) tpSplit(k linKey) (in, out bool) {
+	if m.tp() == 1 {
+		return false, false
+	}
+	row := k.id == linWo || k.id == linW2
+	return row, !row
+}
+
+// cast8 casts layer k's operands of one float8 product and returns each
+// one's scales (one for a tensor, one per row or column). Where a scale
+// spans the tp shards (spansShards), its amax is this rank's shard's
+// max all-reduced over the tp ranks, in one collective for the product
+// (exact: a maximum does not depend on the order), so that every rank
+// casts with the whole tensor's scales, as one process does. A failed
+// collective leaves the local amaxes and is reported at the unit's end
+// (Model.hook).
+func (m *Model) cast8(k linKey, ops ...f8Operand) [][]float32 {
+	amax := make([][]float32, len(ops))
+	var shared []float32
+	for i := range ops {
+		o := &ops[i]
+		src := o.src[:o.rows*o.cols]
+		switch o.g {
+		case byRow:
+			amax[i] = make([]float32, o.rows)
+			float8.RowAmax(amax[i], src, o.rows, o.cols)
+		case byCol:
+			amax[i] = make([]float32, o.cols)
+			float8.ColAmax(amax[i], src, o.rows, o.cols)
+		default:
+			amax[i] = []float32{float8.Amax(src)}
+		}
+		if o.spansShards() {
+			shared = append(shared, amax[i]...)
+		}
+	}
+	if len(shared) > 0 && m.linErr == nil {
+		if err := m.c().AllReduceTP(shared, true); err != nil {
+			m.linErr = fmt.Errorf("llama: float8 amax all-reduce of %s: %w", m.fqn(k), err)
+		}
+		for i := range ops {
+			if ops[i].spansShards() {
+				shared = shared[copy(amax[i], shared):]
+			}
+		}
+	}
+	for i := range ops {
+		o := &ops[i]
+		src, dst := o.src[:o.rows*o.cols], o.dst[:o.rows*o.cols]
+		float8.Scales(amax[i], amax[i], o.f, o.pow2)
+		switch o.g {
+		case byRow:
+			float8.CastRows(dst, src, o.rows, o.cols, o.f, amax[i])
+		case byCol:
+			float8.CastCols(dst, src, o.rows, o.cols, o.f, amax[i])
+		default:
+			float8.Cast(dst, src, amax[i][0], o.f)
+		}
+	}
+	return amax
+}
+
+// castWithWeight casts operand o and layer k's weight operand wt (in one
+// cast8) and returns their scales and the weight for the product: tb,
+// holding wt's cast, or the bound weight w itself with its scale when
+// FSDP gathered it cast already (BindFloat8Scales).
+func (m *Model) castWithWeight(k linKey, o, wt f8Operand, w, tb backend.Tensor) (so, sw []float32, wb backend.Tensor) {
+	if s, ok := m.f8pre[k]; ok {
+		return m.cast8(k, o)[0], []float32{s}, w
+	}
+	s := m.cast8(k, o, wt)
+	return s[0], s[1], tb
 }
 
 // f8Forward: out = x·Wᵀ with x and W in e4m3, by tensor or by row.
@@ -190,13 +278,10 @@ func (m *Model) f8Forward(k linKey, out, inp, w backend.Tensor, N, in, outDim in
 	if m.Precision.Float8.Recipe != float8.Tensorwise {
 		g, pow2 = byRow, true
 	}
-	sx := cast8(a, hostIn(a, inp), N, in, float8.E4M3, g, pow2)
-	var sw []float32
-	if s, ok := m.f8pre[k]; ok {
-		tb, sw = w, []float32{s}
-	} else {
-		sw = cast8(b, hostOf(w), outDim, in, float8.E4M3, g, pow2)
-	}
+	sIn, sOut := m.tpSplit(k)
+	x := f8Operand{dst: a, src: hostIn(a, inp), rows: N, cols: in, f: float8.E4M3, g: g, pow2: pow2, splitCols: sIn}
+	wt := f8Operand{dst: b, src: hostOf(w), rows: outDim, cols: in, f: float8.E4M3, g: g, pow2: pow2, splitRows: sOut, splitCols: sIn}
+	sx, sw, tb := m.castWithWeight(k, x, wt, w, tb)
 	m.be.GemmBF16(false, true, N, outDim, in, 1, ta, in, tb, in, 0, tc, outDim)
 	float8.Unscale(hostOf(out), outDim, c, N, outDim, sx, sw, beta)
 }
@@ -207,22 +292,17 @@ func (m *Model) f8Forward(k linKey, out, inp, w backend.Tensor, N, in, outDim in
 // tensor, both e4m3.
 func (m *Model) f8InputGrad(k linKey, dinp, dout, w backend.Tensor, N, in, outDim int, beta float32) {
 	a, b, c, ta, tb, tc := m.f8Scratch(max(N, outDim) * max(in, outDim))
-	var sg, sw []float32
+	sIn, sOut := m.tpSplit(k)
+	dy := f8Operand{dst: a, src: hostOf(dout), rows: N, cols: outDim, f: float8.E4M3, g: byRow, pow2: true, splitCols: sOut}
+	wt := f8Operand{dst: b, src: hostOf(w), rows: outDim, cols: in, f: float8.E4M3, g: byCol, pow2: true, splitRows: sOut, splitCols: sIn}
 	switch m.Precision.Float8.Recipe {
 	case float8.Tensorwise:
-		sg = cast8(a, hostOf(dout), N, outDim, float8.E5M2, byTensor, false)
-		if s, ok := m.f8pre[k]; ok {
-			tb, sw = w, []float32{s}
-		} else {
-			sw = cast8(b, hostOf(w), outDim, in, float8.E4M3, byTensor, false)
-		}
-	case float8.Rowwise:
-		sg = cast8(a, hostOf(dout), N, outDim, float8.E4M3, byRow, true)
-		sw = cast8(b, hostOf(w), outDim, in, float8.E4M3, byCol, true)
-	default:
-		sg = cast8(a, hostOf(dout), N, outDim, float8.E4M3, byRow, true)
-		sw = cast8(b, hostOf(w), outDim, in, float8.E4M3, byTensor, true)
+		dy.f, dy.g, dy.pow2 = float8.E5M2, byTensor, false
+		wt.g, wt.pow2 = byTensor, false
+	case float8.RowwiseGWHP:
+		wt.g = byTensor
 	}
+	sg, sw, tb := m.castWithWeight(k, dy, wt, w, tb)
 	m.be.GemmBF16(false, false, N, in, outDim, 1, ta, outDim, tb, in, 0, tc, in)
 	float8.Unscale(hostOf(dinp), in, c, N, in, sg, sw, beta)
 }
@@ -230,18 +310,18 @@ func (m *Model) f8InputGrad(k linKey, dinp, dout, w backend.Tensor, N, in, outDi
 // f8WeightGrad: dW += dyᵀ·x; tensorwise: dy in e5m2, x in e4m3, by
 // tensor; rowwise: both e4m3 by column (their contracted dimension is the
 // tokens).
-func (m *Model) f8WeightGrad(dw, dout, inp backend.Tensor, N, in, outDim int) {
+func (m *Model) f8WeightGrad(k linKey, dw, dout, inp backend.Tensor, N, in, outDim int) {
 	a, b, c, ta, tb, tc := m.f8Scratch(max(N, outDim) * max(in, outDim))
-	var sg, sx []float32
+	sIn, sOut := m.tpSplit(k)
+	dy := f8Operand{dst: a, src: hostOf(dout), rows: N, cols: outDim, f: float8.E4M3, g: byCol, pow2: true, splitCols: sOut}
+	x := f8Operand{dst: b, src: hostIn(b, inp), rows: N, cols: in, f: float8.E4M3, g: byCol, pow2: true, splitCols: sIn}
 	if m.Precision.Float8.Recipe == float8.Tensorwise {
-		sg = cast8(a, hostOf(dout), N, outDim, float8.E5M2, byTensor, false)
-		sx = cast8(b, hostIn(b, inp), N, in, float8.E4M3, byTensor, false)
-	} else {
-		sg = cast8(a, hostOf(dout), N, outDim, float8.E4M3, byCol, true)
-		sx = cast8(b, hostIn(b, inp), N, in, float8.E4M3, byCol, true)
+		dy.f, dy.g, dy.pow2 = float8.E5M2, byTensor, false
+		x.g, x.pow2 = byTensor, false
 	}
+	s := m.cast8(k, dy, x)
 	m.be.GemmBF16(true, false, outDim, in, N, 1, ta, outDim, tb, in, 0, tc, in)
-	float8.Unscale(hostOf(dw), in, c, outDim, in, sg, sx, 1)
+	float8.Unscale(hostOf(dw), in, c, outDim, in, s[0], s[1], 1)
 }
 
 // float8Keys are the float8 layers of unit u, in flat-buffer order.

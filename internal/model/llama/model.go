@@ -105,10 +105,13 @@ type Model struct {
 	// f8 marks the linear layers that compute in float8 (see linear.go),
 	// f8buf is the float8 emulation's scratch; f8pre holds the scale of
 	// each layer whose bound weight FSDP gathered already cast to e4m3
-	// (BindFloat8Scales).
-	f8    map[linKey]bool
-	f8buf [3]backend.Tensor
-	f8pre map[linKey]float32
+	// (BindFloat8Scales); linErr is the first failed float8 amax
+	// all-reduce of the unit computing (see cast8), returned by the
+	// unit's next hook call.
+	f8     map[linKey]bool
+	f8buf  [3]backend.Tensor
+	f8pre  map[linKey]float32
+	linErr error
 }
 
 // New plans and allocates the part of a model given by plan for batches
@@ -466,8 +469,13 @@ func (m *Model) layerUnit(l int) int {
 }
 func (m *Model) headUnit() int { return len(m.units) - 1 }
 
-// hook runs one of the unit hooks when Hooks is set.
+// hook runs one of the unit hooks when Hooks is set; first it returns
+// the error of a failed float8 amax all-reduce (linErr), if any.
 func (m *Model) hook(call func(UnitHooks, int) error, u int) error {
+	if err := m.linErr; err != nil {
+		m.linErr = nil
+		return fmt.Errorf("llama: unit %d: %w", u, err)
+	}
 	if m.Hooks == nil {
 		return nil
 	}
@@ -573,7 +581,7 @@ func (m *Model) Forward(tokens, targets []int32) (float32, error) {
 	if err := m.hook(beforeForward, u); err != nil {
 		return 0, err
 	}
-	if err := m.normGather(m.xfin, m.rstd, m.final, m.resid[m.nLayers], m.P.Norm); err != nil {
+	if err := m.normGather(m.xfin, m.rstd, m.final, m.resid[m.nLayers], m.P.Norm, false); err != nil {
 		return 0, err
 	}
 	if targets == nil {
@@ -913,7 +921,7 @@ func (m *Model) backward(lossScale float32, split bool) error {
 	}
 	dx := m.dres
 	if m.tp() > 1 {
-		if err := m.gather(m.full, m.dres); err != nil {
+		if err := m.gather(m.full, m.dres, false); err != nil {
 			return err
 		}
 		be.Download(m.hN, m.full)

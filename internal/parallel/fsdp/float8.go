@@ -24,6 +24,11 @@ import (
 // values (as float32, exactly) and Config.BindScales hands the model the
 // scales, so that it multiplies them without casting again.
 //
+// Under tensor parallelism a weight's shard group holds one tp shard of
+// it: the amax is max all-reduced over Config.Float8Peers too (after the
+// shard group, in one collective for the unit or the runtime), so that
+// the scale is the whole weight's.
+//
 // Without Config.PrecomputeScales each gather all-reduces the amax of
 // each of the unit's weights (one collective per weight, as torchao's
 // pre-all-gather hook; issued together, then waited for); with it, the first gather after Invalidate (the
@@ -82,6 +87,9 @@ func (r *Runtime) planFloat8(c Config) error {
 		return fmt.Errorf("fsdp: the float8 all-gather needs BindScales")
 	}
 	r.f8all, r.precompute, r.bindScales = c.Float8AllGather, c.PrecomputeScales, c.BindScales
+	if size(c.Float8Peers) > 1 {
+		r.f8peers = c.Float8Peers
+	}
 	r.f8 = make([]f8plan, len(r.Units))
 	parts := size(r.shard)
 	for u, unit := range r.Units {
@@ -226,6 +234,9 @@ func (r *Runtime) scalesFor(u int) error {
 		if err := r.shard.AllReduce(ctx, comm.F32(all), comm.Max); err != nil {
 			return fmt.Errorf("fsdp: float8 amax all-reduce: %w", err)
 		}
+		if err := r.peerAmax(all); err != nil {
+			return err
+		}
 		for v := range r.Units {
 			p := &r.f8[v]
 			for i := range p.scales {
@@ -247,7 +258,26 @@ func (r *Runtime) scalesFor(u int) error {
 		if err := w.Wait(); err != nil {
 			return fmt.Errorf("fsdp: float8 amax all-reduce of unit %d weight %d: %w", u, i, err)
 		}
-		p.scales[i] = float8.Scale(amax[i], float8.E4M3, false)
+	}
+	if err := r.peerAmax(amax); err != nil {
+		return fmt.Errorf("unit %d: %w", u, err)
+	}
+	for i, a := range amax {
+		p.scales[i] = float8.Scale(a, float8.E4M3, false)
+	}
+	return nil
+}
+
+// peerAmax max all-reduces the shard group's amaxes over Float8Peers
+// (the weights' other tp shards), in one collective; nothing without
+// peers.
+func (r *Runtime) peerAmax(amax []float32) error {
+	if r.f8peers == nil || len(amax) == 0 {
+		return nil
+	}
+	r.stats.ScaleReductions++
+	if err := r.f8peers.AllReduce(ctx, comm.F32(amax), comm.Max); err != nil {
+		return fmt.Errorf("fsdp: float8 amax all-reduce over the tp shards: %w", err)
 	}
 	return nil
 }

@@ -138,6 +138,12 @@ type Config struct {
 	// binding its parameters.
 	Float8AllGather bool
 	BindScales      func(u int, scales []float32)
+	// Float8Peers holds, under tensor parallelism, the ranks with the
+	// other tp shards of the units' float8 weights (the tp group; nil or
+	// a group of one: none). The float8 all-gather's amax of each weight
+	// is then max all-reduced over them too, so that its tensorwise
+	// scale is the whole weight's, the scale the model casts with.
+	Float8Peers comm.Group
 	// PrecomputeScales computes every float8 weight's scale in one
 	// all-reduce per Invalidate instead of one per weight and gather
 	// (precompute_float8_dynamic_scale_for_fsdp).
@@ -228,6 +234,7 @@ type Runtime struct {
 	f8all       bool     // Config.Float8AllGather
 	precompute  bool     // Config.PrecomputeScales
 	bindScales  func(u int, scales []float32)
+	f8peers     comm.Group                   // Config.Float8Peers (nil: none)
 	scalesValid bool                         // precomputed scales hold the current Params
 	f8recv      int                          // receive buffer length (uint16 elements)
 	bits8       map[*backend.Memory][]uint16 // receive buffer of each unit buffer
