@@ -126,3 +126,6 @@ func TestHalfActivationsParallel(t *testing.T) {
 		})
 	}
 }
+
+// nilComm is a ParallelComm for models that are built and never run.
+type nilComm struct{ ParallelComm }
