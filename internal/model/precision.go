@@ -19,11 +19,14 @@ type Precision struct {
 	// before P·V, as a bfloat16 attention kernel does). The activations
 	// only those products read — the norms' outputs, SwiGLU's and,
 	// without context parallelism, attention's q, k and v — are stored
-	// in bfloat16 (the same bits the products would round them to);
-	// everything else — the residual stream, RoPE's and the norms' and
-	// SwiGLU's arithmetic, attention's output, the softmax and its
-	// statistics, the logits and the loss, the gradients and the
-	// optimizer — stays float32, in float32 buffers.
+	// in bfloat16 (the same bits the products would round them to), and
+	// so are the output layer's logits, rounded once from its float32
+	// accumulation, and their gradient (PyTorch's bfloat16 logits: the
+	// loss widens them and accumulates in float32); everything else —
+	// the residual stream, RoPE's and the norms' and SwiGLU's
+	// arithmetic, attention's output, the softmax and its statistics,
+	// the loss, the other gradients and the optimizer — stays float32,
+	// in float32 buffers.
 	Param backend.DType
 	// Float8 converts linear layers to float8 (nil: none).
 	Float8 *float8.Config

@@ -143,8 +143,9 @@ func hostOf(t backend.Tensor) []float32 {
 	return h
 }
 
-// hostIn is hostOf for a linear layer's input, which may be a bfloat16
-// activation (Model.halfAct): that one is widened (exactly) into buf,
+// hostIn is hostOf for a linear layer's input or output gradient, which
+// may be a bfloat16 activation (Model.halfAct) or the output layer's
+// bfloat16 logits gradient: that one is widened (exactly) into buf,
 // which the cast then overwrites in place.
 func hostIn(buf []float32, inp backend.Tensor) []float32 {
 	h, ok := inp.HostBF16()
@@ -198,6 +199,17 @@ func (m *Model) f8Forward(k linKey, out, inp, w backend.Tensor, N, in, outDim in
 		sw = cast8(b, hostOf(w), outDim, in, float8.E4M3, g, pow2)
 	}
 	m.be.GemmBF16(false, true, N, outDim, in, 1, ta, in, tb, in, 0, tc, outDim)
+	if h, ok := out.HostBF16(); ok && out.Mem != nil {
+		// The output layer's bfloat16 logits (halfAct): unscaled in
+		// place, then rounded to nearest even, as the bfloat16 output of
+		// torchao's Float8Linear.
+		if beta != 0 {
+			panic("llama: float8 " + m.fqn(k) + ": a bfloat16 output cannot accumulate")
+		}
+		float8.Unscale(c, outDim, c, N, outDim, sx, sw, 0)
+		numeric.Float32sToBF16(h, c[:N*outDim])
+		return
+	}
 	float8.Unscale(hostOf(out), outDim, c, N, outDim, sx, sw, beta)
 }
 
@@ -210,17 +222,17 @@ func (m *Model) f8InputGrad(k linKey, dinp, dout, w backend.Tensor, N, in, outDi
 	var sg, sw []float32
 	switch m.Precision.Float8.Recipe {
 	case float8.Tensorwise:
-		sg = cast8(a, hostOf(dout), N, outDim, float8.E5M2, byTensor, false)
+		sg = cast8(a, hostIn(a, dout), N, outDim, float8.E5M2, byTensor, false)
 		if s, ok := m.f8pre[k]; ok {
 			tb, sw = w, []float32{s}
 		} else {
 			sw = cast8(b, hostOf(w), outDim, in, float8.E4M3, byTensor, false)
 		}
 	case float8.Rowwise:
-		sg = cast8(a, hostOf(dout), N, outDim, float8.E4M3, byRow, true)
+		sg = cast8(a, hostIn(a, dout), N, outDim, float8.E4M3, byRow, true)
 		sw = cast8(b, hostOf(w), outDim, in, float8.E4M3, byCol, true)
 	default:
-		sg = cast8(a, hostOf(dout), N, outDim, float8.E4M3, byRow, true)
+		sg = cast8(a, hostIn(a, dout), N, outDim, float8.E4M3, byRow, true)
 		sw = cast8(b, hostOf(w), outDim, in, float8.E4M3, byTensor, true)
 	}
 	m.be.GemmBF16(false, false, N, in, outDim, 1, ta, outDim, tb, in, 0, tc, in)
@@ -234,10 +246,10 @@ func (m *Model) f8WeightGrad(dw, dout, inp backend.Tensor, N, in, outDim int) {
 	a, b, c, ta, tb, tc := m.f8Scratch(max(N, outDim) * max(in, outDim))
 	var sg, sx []float32
 	if m.Precision.Float8.Recipe == float8.Tensorwise {
-		sg = cast8(a, hostOf(dout), N, outDim, float8.E5M2, byTensor, false)
+		sg = cast8(a, hostIn(a, dout), N, outDim, float8.E5M2, byTensor, false)
 		sx = cast8(b, hostIn(b, inp), N, in, float8.E4M3, byTensor, false)
 	} else {
-		sg = cast8(a, hostOf(dout), N, outDim, float8.E4M3, byCol, true)
+		sg = cast8(a, hostIn(a, dout), N, outDim, float8.E4M3, byCol, true)
 		sx = cast8(b, hostIn(b, inp), N, in, float8.E4M3, byCol, true)
 	}
 	m.be.GemmBF16(true, false, outDim, in, N, 1, ta, outDim, tb, in, 0, tc, in)
