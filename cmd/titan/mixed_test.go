@@ -15,11 +15,16 @@ import (
 // may round to the other neighbour: one element moves by a bfloat16 ulp
 // (2^-8 relative). Such flips are rare (about 1e-7 / 2^-8 of the
 // elements per step) and their effect on the loss is diluted over the
-// model. Measured over 10 steps of tiny_bench (FSDP2, TP2, PP2; worst of
-// two builds): loss 3.7e-5, gradient norm 3.0e-4, parameters 1.4e-5
-// relative; the tolerances leave a factor of 3 to 7 over that, and stay
-// far below the bfloat16 against float32 difference (2.5e-3).
-var mixedTol = parityTol{loss: 1e-4, gradNorm: 1e-3, params: 1e-4}
+// model. The logits are bfloat16 too (as PyTorch's output layer writes
+// them): a layout's last-bit differences in a logit flip its rounding as
+// rarely, but a loss reads every one of the N×V logits, so the losses
+// and gradient norms spread about three times as far as the parameters
+// suggest. Measured over 10 steps of tiny_bench (FSDP2, TP2, PP2): loss
+// 1.7e-4, gradient norm 6.5e-4, parameters 1.1e-5 relative (3.7e-5,
+// 3.0e-4 and 1.4e-5 with float32 logits); the tolerances leave a factor
+// of 3 to 9 over that, and stay below the bfloat16 against float32
+// difference (2.6e-3).
+var mixedTol = parityTol{loss: 5e-4, gradNorm: 2e-3, params: 1e-4}
 
 // TestMixedPrecisionLayoutsMatchOneProcess: bfloat16 mixed precision
 // trains under FSDP2, TP2 and PP2 like one bfloat16 process within

@@ -160,7 +160,10 @@ type Backend interface {
 	// Float32 operand beside a BFloat16 one) and float32 accumulation into
 	// the Float32 C: the matrix products of bfloat16 mixed precision, and
 	// the exact products of float8 values (every e4m3 and e5m2 value is a
-	// bfloat16).
+	// bfloat16). C may also be BFloat16 (the output layer's logits under
+	// mixed precision): the products accumulate in float32 over all of K
+	// (from C widened when beta != 0) and are rounded to nearest even once,
+	// the rounding of the Float32 C's result.
 	GemmBF16(transA, transB bool, m, n, k int, alpha float32, a Tensor, lda int, b Tensor, ldb int, beta float32, c Tensor, ldc int)
 	// GemmStridedBatched runs batch independent Gemms; matrix i of A, B, C
 	// starts strideA*i, strideB*i, strideC*i elements into a, b, c.
@@ -210,7 +213,8 @@ type Backend interface {
 	// vOff..vOff+V of the full vocabulary) into the running per-row state
 	// stats [N, 3] = (max, sum of exp(x-max), target logit). stats must be
 	// reset with CrossEntropyReset before the first chunk. Targets < 0 are
-	// ignored rows.
+	// ignored rows. logits are Float32 or BFloat16 (widened exactly: the
+	// statistics accumulate in float32 as for their Float32 values).
 	CrossEntropyChunk(stats, logits, targets Tensor, N, V, vOff int)
 	// CrossEntropyReset prepares stats [N, 3] for a new pass.
 	CrossEntropyReset(stats Tensor, N int)
@@ -219,7 +223,8 @@ type Backend interface {
 	CrossEntropyLoss(losses, stats, targets Tensor, N int)
 	// CrossEntropyChunkBackward overwrites logits [N, V] (chunk at vOff)
 	// with dloss/dlogits = scale * (softmax - onehot(target)), using the
-	// completed stats. Ignored rows get zero.
+	// completed stats. Ignored rows get zero. BFloat16 logits get the
+	// nearest-even rounding of the gradient of their Float32 values.
 	CrossEntropyChunkBackward(logits, stats, targets Tensor, N, V, vOff int, scale float32)
 
 	// LayerNormForward computes out = (inp - mean) * rstd * weight + bias

@@ -45,8 +45,8 @@ type Precision struct {
 	// ParamBF16 and ReduceBF16 are titan's own mixed precision on the CPU
 	// backend (training.mixed_precision_param and mixed_precision_reduce
 	// "bfloat16", with State and Compute zero): the activations only
-	// bfloat16 products read (norm outputs, the SwiGLU product) are
-	// bfloat16 as the model lays them out (llama.Model.halfAct), every
+	// bfloat16 products read (norm outputs, the SwiGLU product) and the
+	// logits are bfloat16 as the model lays them out (llama.Model.halfAct), every
 	// other buffer stays float32, and FSDP adds its bfloat16 copies (fsdp.Runtime.BufferBytes): the
 	// bfloat16 rounding of the parameter shards; without sharding the
 	// float32 copy of those roundings the model is bound to; with it the

@@ -22,10 +22,13 @@ type Precision struct {
 	// in bfloat16 (the same bits the products would round them to), and
 	// so is attention's output without context parallelism (autocast's
 	// attention returns bfloat16: its float32 result rounded once, which
-	// the backward reads for rowsum(dO·O)); everything else — the
-	// residual stream, RoPE's and the norms' and SwiGLU's arithmetic,
-	// the softmax and its statistics, the logits and the loss, the
-	// gradients and the optimizer — stays float32, in float32 buffers.
+	// the backward reads for rowsum(dO·O)), and so are the output layer's
+	// logits, rounded once from its float32 accumulation, and their
+	// gradient (PyTorch's bfloat16 logits: the loss widens them and
+	// accumulates in float32); everything else — the residual stream,
+	// RoPE's and the norms' and SwiGLU's arithmetic, the softmax and its
+	// statistics, the loss, the other gradients and the optimizer — stays
+	// float32, in float32 buffers.
 	Param backend.DType
 	// Float8 converts linear layers to float8 (nil: none).
 	Float8 *float8.Config

@@ -3,8 +3,10 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"sync"
 
 	"github.com/titan-go/titan/internal/backend"
+	"github.com/titan-go/titan/internal/numeric"
 )
 
 // Cross-entropy statistics: three float32 per row.
@@ -18,6 +20,74 @@ const (
 // ceGrain is the number of rows per worker share in the cross-entropy
 // loops, which cost a few nanoseconds per logit.
 func ceGrain(v int) int { return max(1, 4096/max(v, 1)) }
+
+// ceLogits are a chunk of logits [N, V]: float32, or bfloat16 (mixed
+// precision's output layer writes them so, as PyTorch's bfloat16 output
+// projection), whose rows the loss reads widened into a float32 row
+// buffer and computes on exactly as on float32 ones.
+type ceLogits struct {
+	f32 []float32
+	h   []uint16
+	V   int
+}
+
+// ceLogitsOf returns the N×V logits of t.
+func ceLogitsOf(op string, t backend.Tensor, N, V int) ceLogits {
+	if isBF16(t) {
+		return ceLogits{h: u16n(op, "logits", t, N*V), V: V}
+	}
+	return ceLogits{f32: f32n(op, "logits", t, N*V), V: V}
+}
+
+// ceRows holds the row buffers of bfloat16 logits.
+var ceRows sync.Pool
+
+// buffer returns a row buffer for bfloat16 logits (nil for float32 ones,
+// which are read in place); give it back with release.
+func (l ceLogits) buffer() *[]float32 {
+	if l.h == nil {
+		return nil
+	}
+	b, _ := ceRows.Get().(*[]float32)
+	if b == nil || len(*b) < l.V {
+		b = new([]float32)
+		*b = make([]float32, l.V)
+	}
+	return b
+}
+
+func (l ceLogits) release(b *[]float32) {
+	if b != nil {
+		ceRows.Put(b)
+	}
+}
+
+// row returns row i as float32: the logits' own, or widened into buf.
+func (l ceLogits) row(i int, buf *[]float32) []float32 {
+	if l.h == nil {
+		return l.f32[i*l.V : (i+1)*l.V]
+	}
+	r := (*buf)[:l.V]
+	numeric.BF16sToFloat32(r, l.h[i*l.V:(i+1)*l.V])
+	return r
+}
+
+// store writes row i back after it was overwritten (its float32 row in
+// place already): rounded to nearest even into bfloat16 logits.
+func (l ceLogits) store(i int, row []float32) {
+	if l.h != nil {
+		numeric.Float32sToBF16(l.h[i*l.V:(i+1)*l.V], row)
+	}
+}
+
+// clearRow zeroes row i.
+func (l ceLogits) clearRow(i int) {
+	if l.h != nil {
+		clear(l.h[i*l.V : (i+1)*l.V])
+		return
+	}
+	clear(l.f32[i*l.V : (i+1)*l.V])
+}
 
 // CrossEntropyReset sets every row of stats [N, 3] to (-Inf, 0, NaN): no
 // logits seen, and no target logit yet. A target that no chunk covers
@@ -34,22 +104,25 @@ func (b *Backend) CrossEntropyReset(stats backend.Tensor, N int) {
 // CrossEntropyChunk folds logits [N, V], columns vOff..vOff+V of the
 // vocabulary, into the running (max, sum, target logit) of every row whose
 // target is not negative. Each row is one worker's, so the result does not
-// depend on the thread count.
+// depend on the thread count. Bfloat16 logits are widened exactly: the
+// statistics are those of their float32 values.
 func (b *Backend) CrossEntropyChunk(stats, logits, targets backend.Tensor, N, V, vOff int) {
 	const op = "CrossEntropyChunk"
 	if V <= 0 || vOff < 0 {
 		panic(fmt.Sprintf("cpu: %s: bad chunk V=%d vOff=%d", op, V, vOff))
 	}
 	st := f32n(op, "stats", stats, N*ceStride)
-	lg := f32n(op, "logits", logits, N*V)
+	lg := ceLogitsOf(op, logits, N, V)
 	tg := i32n(op, "targets", targets, N)
 	b.pool.For(N, ceGrain(V), func(lo, hi int) {
+		buf := lg.buffer()
+		defer lg.release(buf)
 		for i := lo; i < hi; i++ {
 			t := int(tg[i])
 			if t < 0 {
 				continue
 			}
-			row := lg[i*V : (i+1)*V]
+			row := lg.row(i, buf)
 			s := st[i*ceStride : i*ceStride+ceStride]
 			m := rowMax(row)
 			mOld := s[ceMax]
@@ -87,23 +160,27 @@ func (b *Backend) CrossEntropyLoss(losses, stats, targets backend.Tensor, N int)
 
 // CrossEntropyChunkBackward overwrites the chunk logits [N, V] at vOff
 // with scale * (softmax - onehot(target)) from completed stats; rows whose
-// target is negative become zero.
+// target is negative become zero. Bfloat16 logits get the gradient of
+// their widened values rounded to nearest even (PyTorch's bfloat16
+// logits gradient).
 func (b *Backend) CrossEntropyChunkBackward(logits, stats, targets backend.Tensor, N, V, vOff int, scale float32) {
 	const op = "CrossEntropyChunkBackward"
 	if V <= 0 || vOff < 0 {
 		panic(fmt.Sprintf("cpu: %s: bad chunk V=%d vOff=%d", op, V, vOff))
 	}
-	lg := f32n(op, "logits", logits, N*V)
+	lg := ceLogitsOf(op, logits, N, V)
 	st := f32n(op, "stats", stats, N*ceStride)
 	tg := i32n(op, "targets", targets, N)
 	b.pool.For(N, ceGrain(V), func(lo, hi int) {
+		buf := lg.buffer()
+		defer lg.release(buf)
 		for i := lo; i < hi; i++ {
-			row := lg[i*V : (i+1)*V]
 			t := int(tg[i])
 			if t < 0 {
-				clear(row)
+				lg.clearRow(i)
 				continue
 			}
+			row := lg.row(i, buf)
 			s := st[i*ceStride : i*ceStride+ceStride]
 			expShiftSum(row, s[ceMax])
 			mul := scale / s[ceSum]
@@ -113,6 +190,7 @@ func (b *Backend) CrossEntropyChunkBackward(logits, stats, targets backend.Tenso
 			if t >= vOff && t < vOff+V {
 				row[t-vOff] -= scale
 			}
+			lg.store(i, row)
 		}
 	})
 }

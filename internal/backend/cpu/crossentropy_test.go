@@ -144,3 +144,51 @@ func TestCrossEntropyMissingTarget(t *testing.T) {
 		t.Errorf("loss = %v, want NaN for a target no chunk covers", loss[0])
 	}
 }
+
+// TestCrossEntropyBF16Logits: on bfloat16 logits (mixed precision's
+// output layer) the statistics after every chunk and the losses are bit
+// for bit those of the same values in float32, and the gradient written
+// over each chunk is the nearest-even rounding of the float32 gradient:
+// one to three chunks, ignored rows and targets outside a chunk, 1 to 3
+// threads, rows around the widening's vector blocks.
+func TestCrossEntropyBF16Logits(t *testing.T) {
+	for _, tc := range []struct{ N, V, chunks, threads int }{
+		{5, 11, 1, 1}, {9, 301, 3, 3}, {4, 1000, 2, 2}, {33, 17, 1, 2},
+	} {
+		b := newTestBackend(t, tc.threads)
+		r := newRand(uint64(tc.V))
+		logits := roundBF16s(randF32(r, tc.N*tc.V, 6))
+		targets := make([]int32, tc.N)
+		for i := range targets {
+			targets[i] = int32(r.IntN(tc.V))
+		}
+		targets[1] = -1
+		tg := uploadI32(b, targets)
+		bounds := chunkBounds(tc.V, tc.chunks)
+		stats, statsH := b.Alloc(backend.Float32, 3*tc.N), b.Alloc(backend.Float32, 3*tc.N)
+		b.CrossEntropyReset(stats, tc.N)
+		b.CrossEntropyReset(statsH, tc.N)
+		parts, partsH := make([]backend.Tensor, tc.chunks), make([]backend.Tensor, tc.chunks)
+		for c := range parts {
+			lo, hi := bounds[c], bounds[c+1]
+			var part []float32
+			for i := 0; i < tc.N; i++ {
+				part = append(part, logits[i*tc.V+lo:i*tc.V+hi]...)
+			}
+			parts[c], partsH[c] = upload(b, part), uploadBF16(b, part)
+			b.CrossEntropyChunk(stats, parts[c], tg, tc.N, hi-lo, lo)
+			b.CrossEntropyChunk(statsH, partsH[c], tg, tc.N, hi-lo, lo)
+			sameBits(t, "stats", download(b, statsH), download(b, stats))
+		}
+		loss, lossH := b.Alloc(backend.Float32, tc.N), b.Alloc(backend.Float32, tc.N)
+		b.CrossEntropyLoss(loss, stats, tg, tc.N)
+		b.CrossEntropyLoss(lossH, statsH, tg, tc.N)
+		sameBits(t, "loss", download(b, lossH), download(b, loss))
+		for c := range parts {
+			lo, hi := bounds[c], bounds[c+1]
+			b.CrossEntropyChunkBackward(parts[c], stats, tg, tc.N, hi-lo, lo, 0.37)
+			b.CrossEntropyChunkBackward(partsH[c], statsH, tg, tc.N, hi-lo, lo, 0.37)
+			sameRounding(t, "gradient", b, partsH[c], download(b, parts[c]))
+		}
+	}
+}

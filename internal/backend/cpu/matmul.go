@@ -55,7 +55,7 @@ func gemmSpans(op string, transA, transB bool, m, n, k, lda, ldb, ldc int) (sa, 
 func (b *Backend) Gemm(transA, transB bool, m, n, k int, alpha float32, a backend.Tensor, lda int, bm backend.Tensor, ldb int, beta float32, c backend.Tensor, ldc int) {
 	const op = "Gemm"
 	if isBF16(a) || isBF16(bm) {
-		b.gemmBF16(op, transA, transB, m, n, k, alpha, a, lda, bm, ldb, beta, c, ldc)
+		b.gemmBF16(op, transA, transB, m, n, k, alpha, a, lda, bm, ldb, beta, c, ldc, false)
 		return
 	}
 	sa, sb, sc := gemmSpans(op, transA, transB, m, n, k, lda, ldb, ldc)
@@ -70,15 +70,25 @@ func (b *Backend) Gemm(transA, transB bool, m, n, k int, alpha float32, a backen
 
 // GemmBF16 computes C = alpha*op(A)*op(B) + beta*C with gemm.GemmBF16:
 // both operands multiplied as bfloat16 (float32 ones rounded to nearest
-// even while packed), float32 accumulation into the float32 C.
+// even while packed), float32 accumulation into the float32 C; or, into
+// a bfloat16 C, with gemm.GemmBF16ToBF16 (float32 accumulation over all
+// of K, rounded to nearest even once).
 func (b *Backend) GemmBF16(transA, transB bool, m, n, k int, alpha float32, a backend.Tensor, lda int, bm backend.Tensor, ldb int, beta float32, c backend.Tensor, ldc int) {
-	b.gemmBF16("GemmBF16", transA, transB, m, n, k, alpha, a, lda, bm, ldb, beta, c, ldc)
+	b.gemmBF16("GemmBF16", transA, transB, m, n, k, alpha, a, lda, bm, ldb, beta, c, ldc, true)
 }
 
-func (b *Backend) gemmBF16(op string, transA, transB bool, m, n, k int, alpha float32, a backend.Tensor, lda int, bm backend.Tensor, ldb int, beta float32, c backend.Tensor, ldc int) {
+// gemmBF16 is GemmBF16; halfC allows a bfloat16 C (Gemm's is float32).
+func (b *Backend) gemmBF16(op string, transA, transB bool, m, n, k int, alpha float32, a backend.Tensor, lda int, bm backend.Tensor, ldb int, beta float32, c backend.Tensor, ldc int, halfC bool) {
 	sa, sb, sc := gemmSpans(op, transA, transB, m, n, k, lda, ldb, ldc)
 	ao := gemmOperand(op, "a", a, sa)
 	bo := gemmOperand(op, "b", bm, sb)
+	if halfC && isBF16(c) {
+		ch := u16n(op, "c", c, sc)
+		if m > 0 && n > 0 {
+			gemm.GemmBF16ToBF16(b.pool, transA, transB, m, n, k, alpha, ao, lda, bo, ldb, beta, ch, ldc)
+		}
+		return
+	}
 	cs := f32n(op, "c", c, sc)
 	if m == 0 || n == 0 {
 		return
@@ -96,11 +106,7 @@ func gemmOperand(op, name string, t backend.Tensor, n int) gemm.Operand {
 	if !isBF16(t) {
 		return gemm.F32(f32n(op, name, t, n))
 	}
-	x := u16(op, name, t)
-	if n < 0 || len(x) < n {
-		panic(fmt.Sprintf("cpu: %s: %s has %d elements, need %d", op, name, len(x), n))
-	}
-	return gemm.BF16(x[:n:n])
+	return gemm.BF16(u16n(op, name, t, n))
 }
 
 // GemmStridedBatched runs batch independent Gemms with

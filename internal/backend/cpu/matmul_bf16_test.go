@@ -53,6 +53,36 @@ func TestGemmBF16(t *testing.T) {
 	}
 }
 
+// TestGemmBF16HalfC: GemmBF16 into a bfloat16 C (the output layer's
+// logits under mixed precision) holds the rounding of its float32 C's
+// result, started from the widened C, bit for bit: beta 0 and 1 on the
+// shapes of the logits' forward (NT) and input gradient (NN), on 1 and 3
+// threads; a short C is refused.
+func TestGemmBF16HalfC(t *testing.T) {
+	for _, threads := range []int{1, 3} {
+		b := newTestBackend(t, threads)
+		for _, tc := range []struct {
+			transB  bool
+			m, n, k int
+			beta    float32
+		}{{true, 96, 700, 64, 0}, {false, 96, 64, 700, 1}, {true, 5, 3, 0, 1}} {
+			r := newRand(uint64(tc.m + tc.n))
+			ldb := tc.n
+			if tc.transB {
+				ldb = max(1, tc.k)
+			}
+			a, bm := uploadBF16(b, randF32(r, tc.m*tc.k, 1)), upload(b, randF32(r, tc.k*tc.n, 1))
+			c0 := roundBF16s(randF32(r, tc.m*tc.n, 1))
+			c, ch := upload(b, c0), uploadBF16(b, c0)
+			b.GemmBF16(false, tc.transB, tc.m, tc.n, tc.k, 1, a, max(1, tc.k), bm, ldb, tc.beta, c, tc.n)
+			b.GemmBF16(false, tc.transB, tc.m, tc.n, tc.k, 1, a, max(1, tc.k), bm, ldb, tc.beta, ch, tc.n)
+			sameRounding(t, "C", b, ch, download(b, c))
+		}
+		short := b.Alloc(backend.BFloat16, 5)
+		mustPanic(t, "short bf16 C", func() { b.GemmBF16(false, false, 2, 3, 1, 1, short, 1, short, 3, 0, short, 3) }, "GemmBF16", "c has 5", "need 6")
+	}
+}
+
 func TestGemmBF16Refuses(t *testing.T) {
 	b := newTestBackend(t, 1)
 	x := uploadBF16(b, make([]float32, 5))

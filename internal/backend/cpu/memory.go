@@ -116,6 +116,15 @@ func f32n(op, name string, t backend.Tensor, n int) []float32 {
 	return x[:n:n]
 }
 
+// u16n is f32n for bfloat16 tensors.
+func u16n(op, name string, t backend.Tensor, n int) []uint16 {
+	x := u16(op, name, t)
+	if n < 0 || len(x) < n {
+		panic(fmt.Sprintf("cpu: %s: %s has %d elements, need %d", op, name, len(x), n))
+	}
+	return x[:n:n]
+}
+
 // i32n is f32n for int32 tensors.
 func i32n(op, name string, t backend.Tensor, n int) []int32 {
 	x := i32(op, name, t)

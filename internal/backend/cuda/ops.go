@@ -28,13 +28,15 @@ func (b *Backend) GemmStridedBatched(transA, transB bool, m, n, k int, alpha flo
 
 // GemmBF16 is Gemm with both operands multiplied as bfloat16: a Float32
 // operand is first rounded to nearest even into scratch memory, as the
-// CPU backend rounds it while packing.
+// CPU backend rounds it while packing. A bfloat16 C is widened into
+// float32 scratch, multiplied into there and rounded back to nearest
+// even once.
 func (b *Backend) GemmBF16(transA, transB bool, m, n, k int, alpha float32, a backend.Tensor, lda int, bm backend.Tensor, ldb int, beta float32, c backend.Tensor, ldc int) {
 	b.gemm(true, transA, transB, m, n, k, alpha, a, lda, 0, bm, ldb, 0, beta, c, ldc, 0, 1)
 }
 
 // gemm is GemmStridedBatched; with bf16 set both operands are multiplied
-// as bfloat16.
+// as bfloat16, and C may be bfloat16.
 func (b *Backend) gemm(bf16 bool, transA, transB bool, m, n, k int, alpha float32, a backend.Tensor, lda, strideA int, bm backend.Tensor, ldb, strideB int, beta float32, c backend.Tensor, ldc, strideC int, batch int) {
 	const op = "Gemm"
 	if m < 0 || n < 0 || k < 0 || batch < 0 {
@@ -55,31 +57,55 @@ func (b *Backend) gemm(bf16 bool, transA, transB bool, m, n, k int, alpha float3
 		panic(fmt.Sprintf("cuda: %s: leading dimensions lda=%d ldb=%d ldc=%d too small for m=%d n=%d k=%d", op, lda, ldb, ldc, m, n, k))
 	}
 	aDT, bDT := a.DType(), bm.DType()
-	pa := ptr(op, "A", a, aDT, gemmSpan(ar, ac, lda, strideA, batch))
-	pb := ptr(op, "B", bm, bDT, gemmSpan(br, bc, ldb, strideB, batch))
-	pc := f32p(op, "C", c, gemmSpan(m, n, ldc, strideC, batch))
+	sa, sb, sc := gemmSpan(ar, ac, lda, strideA, batch), gemmSpan(br, bc, ldb, strideB, batch), gemmSpan(m, n, ldc, strideC, batch)
+	pa := ptr(op, "A", a, aDT, sa)
+	pb := ptr(op, "B", bm, bDT, sb)
+	halfC := bf16 && c.Mem != nil && c.DType() == backend.BFloat16
+	var pc uintptr
+	if !halfC {
+		pc = f32p(op, "C", c, sc)
+	}
 	for _, dt := range []backend.DType{aDT, bDT} {
 		if dt != backend.Float32 && dt != backend.BFloat16 {
 			panic(fmt.Sprintf("cuda: %s: operand of type %s", op, dt))
 		}
 	}
 	locked := false
-	if bf16 && (aDT == backend.Float32 || bDT == backend.Float32) {
-		// Round the float32 operands into one scratch allocation (A's
-		// rounding first, B's after it) and multiply those.
+	if round := bf16 && (aDT == backend.Float32 || bDT == backend.Float32); round || halfC {
+		// One scratch allocation: a bfloat16 C widened to float32 first,
+		// then the bfloat16 roundings of the float32 operands (A's, then
+		// B's), which are multiplied instead.
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		locked = true
-		sa, sb := gemmSpan(ar, ac, lda, strideA, batch), gemmSpan(br, bc, ldb, strideB, batch)
-		s := b.scratchBytes(2 * (sa + sb))
-		if aDT == backend.Float32 {
+		need := 0
+		if halfC {
+			need += 4 * sc
+		}
+		if aDT == backend.Float32 && bf16 {
+			need += 2 * sa
+		}
+		if bDT == backend.Float32 && bf16 {
+			need += 2 * sb
+		}
+		s := b.scratchBytes(need)
+		if halfC {
+			// The whole span, gaps between rows included: rounding the
+			// widened gaps back leaves them as they were.
+			h := ptr(op, "C", c, backend.BFloat16, sc)
+			b.launch(op, "cast_bf16_to_f32", elemGrid(sc), Dim3{elemBlock, 1, 1}, s, h, int64(sc))
+			pc = s
+			s += uintptr(4 * sc)
+			defer b.launch(op, "cast_f32_to_bf16", elemGrid(sc), Dim3{elemBlock, 1, 1}, h, pc, int64(sc))
+		}
+		if aDT == backend.Float32 && round {
 			b.launch(op, "cast_f32_to_bf16", elemGrid(sa), Dim3{elemBlock, 1, 1}, s, pa, int64(sa))
 			pa, aDT = s, backend.BFloat16
+			s += uintptr(2 * sa)
 		}
-		if bDT == backend.Float32 {
-			t := s + uintptr(2*sa)
-			b.launch(op, "cast_f32_to_bf16", elemGrid(sb), Dim3{elemBlock, 1, 1}, t, pb, int64(sb))
-			pb, bDT = t, backend.BFloat16
+		if bDT == backend.Float32 && round {
+			b.launch(op, "cast_f32_to_bf16", elemGrid(sb), Dim3{elemBlock, 1, 1}, s, pb, int64(sb))
+			pb, bDT = s, backend.BFloat16
 		}
 	}
 	bf := aDT == backend.BFloat16 || bDT == backend.BFloat16
@@ -91,9 +117,9 @@ func (b *Backend) gemm(bf16 bool, transA, transB bool, m, n, k int, alpha float3
 		if bf && aDT != bDT {
 			// cuBLASLt wants one input type: round the float32 operand.
 			if aDT == backend.Float32 {
-				pa = b.roundToScratch(pa, gemmSpan(ar, ac, lda, strideA, batch))
+				pa = b.roundToScratch(pa, sa)
 			} else {
-				pb = b.roundToScratch(pb, gemmSpan(br, bc, ldb, strideB, batch))
+				pb = b.roundToScratch(pb, sb)
 			}
 		}
 		b.must(op, b.mm.Matmul(MatmulArgs{
@@ -423,15 +449,39 @@ func ceCheck(op string, V, vOff int) {
 	}
 }
 
-// CrossEntropyChunk folds a vocabulary chunk into stats.
+// ceLogits returns where a cross-entropy kernel reads (and, with write,
+// overwrites) the n float32 logits: logits itself when they are float32;
+// for bfloat16 ones, scratch memory holding their exact widening, which
+// done rounds back into them (nearest even, as the CPU backend) when
+// write is set. Call done after the launch.
+func (b *Backend) ceLogits(op string, logits backend.Tensor, n int, write bool) (p uintptr, done func()) {
+	if logits.Mem == nil || logits.DType() != backend.BFloat16 {
+		return f32p(op, "logits", logits, n), func() {}
+	}
+	h := ptr(op, "logits", logits, backend.BFloat16, n)
+	b.mu.Lock()
+	s := b.scratchBytes(4 * n)
+	b.launch(op, "cast_bf16_to_f32", elemGrid(n), Dim3{elemBlock, 1, 1}, s, h, int64(n))
+	return s, func() {
+		defer b.mu.Unlock()
+		if write {
+			b.launch(op, "cast_f32_to_bf16", elemGrid(n), Dim3{elemBlock, 1, 1}, h, s, int64(n))
+		}
+	}
+}
+
+// CrossEntropyChunk folds a vocabulary chunk (float32 or bfloat16
+// logits) into stats.
 func (b *Backend) CrossEntropyChunk(stats, logits, targets backend.Tensor, N, V, vOff int) {
 	const op = "CrossEntropyChunk"
 	ceCheck(op, V, vOff)
 	if N == 0 {
 		return
 	}
+	pl, done := b.ceLogits(op, logits, N*V, false)
+	defer done()
 	b.launch(op, "ce_chunk", Dim3{uint32(N), 1, 1}, Dim3{rowBlock, 1, 1}, f32p(op, "stats", stats, 3*N),
-		f32p(op, "logits", logits, N*V), i32p(op, "targets", targets, N), int32(N), int32(V), int32(vOff))
+		pl, i32p(op, "targets", targets, N), int32(N), int32(V), int32(vOff))
 }
 
 // CrossEntropyLoss writes the per-row losses.
@@ -441,14 +491,17 @@ func (b *Backend) CrossEntropyLoss(losses, stats, targets backend.Tensor, N int)
 		i32p(op, "targets", targets, N), int32(N))
 }
 
-// CrossEntropyChunkBackward overwrites the chunk with its gradient.
+// CrossEntropyChunkBackward overwrites the chunk with its gradient
+// (rounded to nearest even into bfloat16 logits).
 func (b *Backend) CrossEntropyChunkBackward(logits, stats, targets backend.Tensor, N, V, vOff int, scale float32) {
 	const op = "CrossEntropyChunkBackward"
 	ceCheck(op, V, vOff)
 	if N == 0 {
 		return
 	}
-	b.launch(op, "ce_chunk_bwd", Dim3{uint32(N), 1, 1}, Dim3{rowBlock, 1, 1}, f32p(op, "logits", logits, N*V),
+	pl, done := b.ceLogits(op, logits, N*V, true)
+	defer done()
+	b.launch(op, "ce_chunk_bwd", Dim3{uint32(N), 1, 1}, Dim3{rowBlock, 1, 1}, pl,
 		f32p(op, "stats", stats, 3*N), i32p(op, "targets", targets, N), int32(N), int32(V), int32(vOff), scale)
 }
 

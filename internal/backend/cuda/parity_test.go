@@ -567,6 +567,69 @@ func TestCrossEntropy(t *testing.T) {
 	}
 }
 
+// TestCrossEntropyBF16Logits: bfloat16 logits give the statistics and
+// losses of their float32 values bit for bit and the rounding of their
+// gradient (the output layer's bfloat16 logits under mixed precision).
+func TestCrossEntropyBF16Logits(t *testing.T) {
+	p := newPair(t)
+	g := p.g
+	const N, V = 13, 301
+	chunks := [][2]int{{0, 97}, {97, 204}}
+	tg := make([]int32, N)
+	for i := range tg {
+		tg[i] = int32(p.r.IntN(V))
+	}
+	tg[3] = -1
+	targets := p.i32(tg).g
+	stats, statsH := g.Alloc(backend.Float32, 3*N), g.Alloc(backend.Float32, 3*N)
+	g.CrossEntropyReset(stats, N)
+	g.CrossEntropyReset(statsH, N)
+	wide, half := make([]backend.Tensor, len(chunks)), make([]backend.Tensor, len(chunks))
+	for i, ch := range chunks {
+		wide[i], half[i] = halfPair(g, p.rand(N*ch[1], 8).g)
+		g.CrossEntropyChunk(stats, wide[i], targets, N, ch[1], ch[0])
+		g.CrossEntropyChunk(statsH, half[i], targets, N, ch[1], ch[0])
+	}
+	sameBitsOn(t, "stats", g, statsH, stats)
+	losses, lossesH := g.Alloc(backend.Float32, N), g.Alloc(backend.Float32, N)
+	g.CrossEntropyLoss(losses, stats, targets, N)
+	g.CrossEntropyLoss(lossesH, statsH, targets, N)
+	sameBitsOn(t, "losses", g, lossesH, losses)
+	for i, ch := range chunks {
+		g.CrossEntropyChunkBackward(wide[i], stats, targets, N, ch[1], ch[0], 1.0/11)
+		g.CrossEntropyChunkBackward(half[i], statsH, targets, N, ch[1], ch[0], 1.0/11)
+		checkRounded(t, fmt.Sprintf("dlogits[%d] bf16", i), g, half[i], wide[i])
+	}
+}
+
+// sameBitsOn fails the test unless the float32 tensors got and want of
+// be hold the same bits.
+func sameBitsOn(t *testing.T, name string, be backend.Backend, got, want backend.Tensor) {
+	t.Helper()
+	a, b := make([]float32, got.Len), make([]float32, want.Len)
+	be.Download(a, got)
+	be.Download(b, want)
+	for i := range b {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			t.Fatalf("%s[%d] = %v, want %v", name, i, a[i], b[i])
+		}
+	}
+}
+
+// halfPair returns x rounded to bfloat16 on be, as float32 (widened) and
+// as bfloat16.
+func halfPair(be backend.Backend, x backend.Tensor) (wide, half backend.Tensor) {
+	f := make([]float32, x.Len)
+	be.Download(f, x)
+	h := make([]uint16, len(f))
+	numeric.Float32sToBF16(h, f)
+	numeric.BF16sToFloat32(f, h)
+	wide, half = be.Alloc(backend.Float32, len(f)), be.Alloc(backend.BFloat16, len(h))
+	be.Upload(wide, f)
+	be.Upload(half, h)
+	return wide, half
+}
+
 func TestGemm(t *testing.T) {
 	p := newPair(t)
 	for _, tc := range []struct {
@@ -614,6 +677,12 @@ func TestGemm(t *testing.T) {
 			p.g.GemmBF16(tc.ta, tc.tb, tc.m, tc.n, tc.k, tc.alpha, ag, lda, b.g, ldb, tc.beta, c.g, ldc)
 			p.c.GemmBF16(tc.ta, tc.tb, tc.m, tc.n, tc.k, tc.alpha, ac2, lda, b.c, ldb, tc.beta, c.c, ldc)
 			p.check(t, "GemmBF16", c, 1e-5, 1e-4)
+			// Into a bfloat16 C: the rounding of the same product into
+			// the widened C, gaps between the rows kept.
+			cw, ch := halfPair(p.g, c.g)
+			p.g.GemmBF16(tc.ta, tc.tb, tc.m, tc.n, tc.k, tc.alpha, ag, lda, b.g, ldb, tc.beta, cw, ldc)
+			p.g.GemmBF16(tc.ta, tc.tb, tc.m, tc.n, tc.k, tc.alpha, ag, lda, b.g, ldb, tc.beta, ch, ldc)
+			checkRounded(t, "GemmBF16 bf16 C", p.g, ch, cw)
 			if tc.bf16A {
 				return // the CPU backend's strided batches are float32 only
 			}

@@ -140,8 +140,9 @@ func hostOf(t backend.Tensor) []float32 {
 	return h
 }
 
-// hostIn is hostOf for a linear layer's input, which may be a bfloat16
-// activation (Model.halfAct): that one is widened (exactly) into buf,
+// hostIn is hostOf for a linear layer's input or output gradient, which
+// may be a bfloat16 activation (Model.halfAct) or the output layer's
+// bfloat16 logits gradient: that one is widened (exactly) into buf,
 // which the cast then overwrites in place.
 func hostIn(buf []float32, inp backend.Tensor) []float32 {
 	h, ok := inp.HostBF16()
@@ -283,6 +284,17 @@ func (m *Model) f8Forward(k linKey, out, inp, w backend.Tensor, N, in, outDim in
 	wt := f8Operand{dst: b, src: hostOf(w), rows: outDim, cols: in, f: float8.E4M3, g: g, pow2: pow2, splitRows: sOut, splitCols: sIn}
 	sx, sw, tb := m.castWithWeight(k, x, wt, w, tb)
 	m.be.GemmBF16(false, true, N, outDim, in, 1, ta, in, tb, in, 0, tc, outDim)
+	if h, ok := out.HostBF16(); ok && out.Mem != nil {
+		// The output layer's bfloat16 logits (halfAct): unscaled in
+		// place, then rounded to nearest even, as the bfloat16 output of
+		// torchao's Float8Linear.
+		if beta != 0 {
+			panic("llama: float8 " + m.fqn(k) + ": a bfloat16 output cannot accumulate")
+		}
+		float8.Unscale(c, outDim, c, N, outDim, sx, sw, 0)
+		numeric.Float32sToBF16(h, c[:N*outDim])
+		return
+	}
 	float8.Unscale(hostOf(out), outDim, c, N, outDim, sx, sw, beta)
 }
 
@@ -293,7 +305,7 @@ func (m *Model) f8Forward(k linKey, out, inp, w backend.Tensor, N, in, outDim in
 func (m *Model) f8InputGrad(k linKey, dinp, dout, w backend.Tensor, N, in, outDim int, beta float32) {
 	a, b, c, ta, tb, tc := m.f8Scratch(max(N, outDim) * max(in, outDim))
 	sIn, sOut := m.tpSplit(k)
-	dy := f8Operand{dst: a, src: hostOf(dout), rows: N, cols: outDim, f: float8.E4M3, g: byRow, pow2: true, splitCols: sOut}
+	dy := f8Operand{dst: a, src: hostIn(a, dout), rows: N, cols: outDim, f: float8.E4M3, g: byRow, pow2: true, splitCols: sOut}
 	wt := f8Operand{dst: b, src: hostOf(w), rows: outDim, cols: in, f: float8.E4M3, g: byCol, pow2: true, splitRows: sOut, splitCols: sIn}
 	switch m.Precision.Float8.Recipe {
 	case float8.Tensorwise:
@@ -313,7 +325,7 @@ func (m *Model) f8InputGrad(k linKey, dinp, dout, w backend.Tensor, N, in, outDi
 func (m *Model) f8WeightGrad(k linKey, dw, dout, inp backend.Tensor, N, in, outDim int) {
 	a, b, c, ta, tb, tc := m.f8Scratch(max(N, outDim) * max(in, outDim))
 	sIn, sOut := m.tpSplit(k)
-	dy := f8Operand{dst: a, src: hostOf(dout), rows: N, cols: outDim, f: float8.E4M3, g: byCol, pow2: true, splitCols: sOut}
+	dy := f8Operand{dst: a, src: hostIn(a, dout), rows: N, cols: outDim, f: float8.E4M3, g: byCol, pow2: true, splitCols: sOut}
 	x := f8Operand{dst: b, src: hostIn(b, inp), rows: N, cols: in, f: float8.E4M3, g: byCol, pow2: true, splitCols: sIn}
 	if m.Precision.Float8.Recipe == float8.Tensorwise {
 		dy.f, dy.g, dy.pow2 = float8.E5M2, byTensor, false

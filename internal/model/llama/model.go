@@ -6,6 +6,7 @@ import (
 
 	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/model"
+	"github.com/titan-go/titan/internal/numeric"
 )
 
 // LayerParams are the views of one transformer block's parameters (or of
@@ -316,9 +317,9 @@ func planModel(cfg Config, B, T int, plan Plan) (*Model, error) {
 // bfloat16 under mixed precision (see halfAct).
 func (m *Model) carve(keep, temp, keepH, tempH func(n int) backend.Tensor) {
 	N, n, D := m.N, m.n, m.Cfg.Dim
-	head := temp // what only the head's backward reads
+	head, headH := temp, tempH // what only the head's backward reads
 	if m.Spec.Head {
-		head = keep
+		head, headH = keep, keepH
 	}
 	m.layers = make([]layerActs, m.nLayers)
 	pick := func(f32, bf16 func(int) backend.Tensor) func(int, bool) backend.Tensor {
@@ -342,11 +343,14 @@ func (m *Model) carve(keep, temp, keepH, tempH func(n int) backend.Tensor) {
 	} else {
 		m.final, m.xfin, m.seq = temp(n*D), head(N*D), temp(n*D)
 	}
-	logits := temp // recomputed chunk by chunk in the backward
+	// The logits are bfloat16 under mixed precision, as the output
+	// layer's bfloat16 product writes them (PyTorch's bfloat16 logits);
+	// the loss widens them and writes their gradient rounded.
+	logits := pick(temp, tempH) // recomputed chunk by chunk in the backward
 	if m.chunk == m.nv {
-		logits = head
+		logits = pick(head, headH)
 	}
-	m.logits, m.stats, m.losses = logits(N*m.chunk), head(N*3), temp(N)
+	m.logits, m.stats, m.losses = logits(N*m.chunk, true), head(N*3), temp(N)
 	m.full, m.dres = temp(N*D), temp(n*D)
 	m.dq, m.dk, m.dv, m.dat = temp(N*m.nq), temp(N*m.nkvd), temp(N*m.nkvd), temp(N*m.nq)
 	m.dqr, m.dkr = temp(N*m.nq), temp(N*m.nkvd)
@@ -446,7 +450,9 @@ func (m *Model) ActivationBytes() int64 {
 // float32 buffers, at half the memory and half the bytes the products'
 // packing reads. So is attention's output without context parallelism,
 // as autocast's attention returns it: wo's product rounds it anyway, and
-// the attention backward's rowsum(dO·O) reads the bfloat16 output.
+// the attention backward's rowsum(dO·O) reads the bfloat16 output. So
+// are the logits (see carve), which the output layer rounds once from
+// its float32 accumulation, as PyTorch's bfloat16 output layer does.
 func (m *Model) halfAct() bool { return m.Precision.BF16() }
 
 // claim starts a pass on the activation scratch: when it is shared and
@@ -736,13 +742,23 @@ func (m *Model) NumTargets() int { return m.numTargets }
 // targets (0 on a stage without the head).
 func (m *Model) LossSum() float64 { return m.lossSum }
 
-// Logits copies the logits [N, V] of the last Forward into dst. It is
-// available on one tp rank only, when its whole vocabulary fits one chunk.
+// Logits copies the logits [N, V] of the last Forward into dst (widened
+// from bfloat16 under mixed precision). It is available on one tp rank
+// only, when its whole vocabulary fits one chunk.
 func (m *Model) Logits(dst []float32) error {
 	if m.chunk != m.Cfg.VocabSize {
 		return fmt.Errorf("llama: logits are chunked (%d of %d columns); set Plan.LogitChunk to the vocabulary size", m.chunk, m.Cfg.VocabSize)
 	}
-	m.be.Download(dst, m.logits)
+	if m.logits.DType() != backend.BFloat16 {
+		m.be.Download(dst, m.logits)
+		return nil
+	}
+	if len(dst) != m.logits.Len {
+		return fmt.Errorf("llama: logits: %d elements for the %d of [%d, %d]", len(dst), m.logits.Len, m.N, m.chunk)
+	}
+	h := make([]uint16, m.logits.Len)
+	m.be.Download(h, m.logits)
+	numeric.BF16sToFloat32(dst, h)
 	return nil
 }
 

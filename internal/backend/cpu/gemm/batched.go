@@ -52,7 +52,7 @@ func SgemmStridedBatched(p *workpool.Pool, transA, transB bool, m, n, k int, alp
 		return
 	}
 	for i := 0; i < batch; i++ {
-		gemm(p, threads, kern, transA, transB, m, n, k, alpha, a[i*strideA:], nil, lda, b[i*strideB:], nil, ldb, beta, c[i*strideC:], ldc)
+		gemm(p, threads, kern, transA, transB, m, n, k, alpha, a[i*strideA:], nil, lda, b[i*strideB:], nil, ldb, beta, c[i*strideC:], nil, ldc)
 	}
 }
 
@@ -86,6 +86,6 @@ func (j *batchJob) run(int) {
 			return
 		}
 		gemm(nil, 1, j.kern, j.transA, j.transB, j.m, j.n, j.k, j.alpha,
-			j.a[i*j.strideA:], nil, j.lda, j.b[i*j.strideB:], nil, j.ldb, j.beta, j.c[i*j.strideC:], j.ldc)
+			j.a[i*j.strideA:], nil, j.lda, j.b[i*j.strideB:], nil, j.ldb, j.beta, j.c[i*j.strideC:], nil, j.ldc)
 	}
 }

@@ -42,7 +42,23 @@ func GemmBF16(p *workpool.Pool, transA, transB bool, m, n, k int, alpha float32,
 	if p != nil {
 		threads = p.Size()
 	}
-	gemm(p, threads, activeBF16.Load(), transA, transB, m, n, k, alpha, a.f32, a.bf16, lda, b.f32, b.bf16, ldb, beta, c, ldc)
+	gemm(p, threads, activeBF16.Load(), transA, transB, m, n, k, alpha, a.f32, a.bf16, lda, b.f32, b.bf16, ldb, beta, c, nil, ldc)
+}
+
+// GemmBF16ToBF16 is GemmBF16 into a bfloat16 C (bit patterns, as
+// Operand's): every K step accumulates in a float32 tile of the work
+// item, which is rounded into C to nearest even (numeric.Float32ToBF16)
+// once, after the last step. With beta != 0 the tile first holds C
+// widened to float32. C is then exactly the bfloat16 rounding of what
+// GemmBF16 computes into a float32 C holding the widened C, whatever
+// the threads.
+func GemmBF16ToBF16(p *workpool.Pool, transA, transB bool, m, n, k int, alpha float32, a Operand, lda int, b Operand, ldb int, beta float32, c []uint16, ldc int) {
+	checkArgs(transA, transB, m, n, k, a.len(), lda, 0, b.len(), ldb, 0, len(c), ldc, 0, 1)
+	threads := 1
+	if p != nil {
+		threads = p.Size()
+	}
+	gemm(p, threads, activeBF16.Load(), transA, transB, m, n, k, alpha, a.f32, a.bf16, lda, b.f32, b.bf16, ldb, beta, nil, c, ldc)
 }
 
 // bf16Kernels lists the kernels of GemmBF16 this machine supports,

@@ -32,12 +32,17 @@ var linearShapes = func() []benchShape {
 // bf16 GEMM (GemmBF16, default kernel, bfloat16 operands as a
 // mixed-precision step holds them) side by side on linearShapes, on 1 and
 // 2 workers: threads=T/f32/SHAPE and threads=T/bf16/SHAPE. The bf16 rows
-// with float32 operands (rounded while packing) are bf16f32/SHAPE.
+// with float32 operands (rounded while packing) are bf16f32/SHAPE; the
+// forward products into a bfloat16 C (GemmBF16ToBF16, the output layer's
+// logits under mixed precision) are bf16c/SHAPE.
 func BenchmarkLinear(b *testing.B) {
 	for _, threads := range []int{1, 2} {
 		p := workpool.New(threads)
 		for _, s := range linearShapes {
-			for _, kind := range []string{"f32", "bf16", "bf16f32"} {
+			for _, kind := range []string{"f32", "bf16", "bf16f32", "bf16c"} {
+				if kind == "bf16c" && s.beta != 0 {
+					continue
+				}
 				b.Run(fmt.Sprintf("threads=%d/%s/%s", threads, kind, s.name()), func(b *testing.B) {
 					benchLinear(b, p, s, kind)
 				})
@@ -61,7 +66,7 @@ func benchLinear(b *testing.B, p *workpool.Pool, s benchShape, kind string) {
 	bm := randSlice(rng, s.k*s.n)
 	_, ah := roundedBF16(a)
 	_, bh := roundedBF16(bm)
-	c := make([]float32, s.m*s.n)
+	c, ch := make([]float32, s.m*s.n), make([]uint16, s.m*s.n)
 	run := func() {
 		switch kind {
 		case "f32":
@@ -70,6 +75,8 @@ func benchLinear(b *testing.B, p *workpool.Pool, s benchShape, kind string) {
 			GemmBF16(p, s.transA, s.transB, s.m, s.n, s.k, 1, BF16(ah), lda, BF16(bh), ldb, s.beta, c, s.n)
 		case "bf16f32":
 			GemmBF16(p, s.transA, s.transB, s.m, s.n, s.k, 1, F32(a), lda, F32(bm), ldb, s.beta, c, s.n)
+		case "bf16c":
+			GemmBF16ToBF16(p, s.transA, s.transB, s.m, s.n, s.k, 1, BF16(ah), lda, BF16(bh), ldb, s.beta, ch, s.n)
 		}
 	}
 	run()

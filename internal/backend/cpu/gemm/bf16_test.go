@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/titan-go/titan/internal/backend/cpu/workpool"
@@ -275,5 +276,84 @@ func TestBF16PeakRatio(t *testing.T) {
 		if got := BF16PeakRatio(); got != want {
 			t.Errorf("kernel %s: peak ratio %g, want %g", name, got, want)
 		}
+	}
+}
+
+// TestGemmBF16ToBF16: a bfloat16 C holds exactly the nearest-even
+// rounding of GemmBF16's float32 C (started from the widened bfloat16 C
+// when beta != 0), on every kernel and operand kind, on 1 to 3 workers:
+// shapes at and around the micro-tile, cache-block and K-step edges,
+// items narrowed to the tile bound, several N blocks, beta 0 (C's NaNs
+// ignored), 1 and 0.5, and the k = 0 and alpha = 0 scalings. Elements
+// between the rows (ldc padding) keep their bits.
+func TestGemmBF16ToBF16(t *testing.T) {
+	pools := []*workpool.Pool{nil, workpool.New(2), workpool.New(3)}
+	defer pools[1].Close()
+	defer pools[2].Close()
+	shapes := []struct{ m, n, k int }{
+		{1, 1, 1}, {3, 5, 0}, {13, 31, 511}, {14, 32, 512}, {15, 33, 513}, {29, 65, 1025},
+		{337, 40, 300}, {40, 700, 257}, {300, 500, 96}, {20, 8000, 1100}, {2, 3, 1500},
+	}
+	withBF16Kernel(t, func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(15, 16))
+		for si, s := range shapes {
+			for tr := 0; tr < 4; tr++ {
+				sc := []struct{ alpha, beta float32 }{{1, 0}, {-0.75, 1}, {1, 0.5}, {0, 0.5}}[(si+tr)%4]
+				pr := newProblem(rng, tr&1 != 0, tr&2 != 0, s.m, s.n, s.k, (si+tr)%2*3, sc.alpha, sc.beta)
+				_, ah := roundedBF16(pr.a)
+				_, bh := roundedBF16(pr.b)
+				a, b := F32(pr.a), F32(pr.b)
+				kinds := (si + tr) % len(operandKinds)
+				if kinds&1 != 0 {
+					a = BF16(ah)
+				}
+				if kinds&2 != 0 {
+					b = BF16(bh)
+				}
+				c0 := make([]uint16, len(pr.c))
+				numeric.Float32sToBF16(c0, pr.c) // NaNs with beta 0
+				c32 := make([]float32, len(c0))
+				numeric.BF16sToFloat32(c32, c0)
+				GemmBF16(nil, pr.transA, pr.transB, s.m, s.n, s.k, pr.alpha, a, pr.lda, b, pr.ldb, pr.beta, c32, pr.ldc)
+				for workers, p := range pools {
+					got := slices.Clone(c0)
+					GemmBF16ToBF16(p, pr.transA, pr.transB, s.m, s.n, s.k, pr.alpha, a, pr.lda, b, pr.ldb, pr.beta, got, pr.ldc)
+					for i, h := range got {
+						want := c0[i]
+						if i%pr.ldc < s.n {
+							want = numeric.Float32ToBF16(c32[i])
+						}
+						if h != want {
+							t.Fatalf("%v on %d workers: C[%d] = %#04x, want %#04x (float32 C %v)", pr, workers+1, i, h, want, c32[i])
+						}
+					}
+				}
+			}
+		}
+	})
+}
+
+// TestBF16TileBound: the float32 tiles of a bfloat16 C stay within
+// tileFloats per worker (a single panel wider than that apart), however
+// wide the N block, and the float32 C's plans have none.
+func TestBF16TileBound(t *testing.T) {
+	kern := bf16Kernels[0]
+	for _, s := range []struct{ threads, m, n, k int }{
+		{1, 2048, 2048, 256}, {2, 2048, 16384, 256}, {3, 20, 8000, 1100}, {2, 5000, 64, 64}, {1, 4, 100000, 8},
+	} {
+		ch := make([]uint16, 1)
+		pl := newPlan(kern, s.threads, false, true, s.m, s.n, s.k, 1, nil, nil, s.k, nil, nil, s.k, 0, nil, ch, s.n)
+		mb := (s.m + kern.mr - 1) / kern.mr
+		rows := (mb + pl.rowBlocks - 1) / pl.rowBlocks * kern.mr
+		panels := ((pl.nc+kern.nr-1)/kern.nr + pl.colGroups - 1) / pl.colGroups
+		if len(pl.ctile) != pl.nt || rows*panels*kern.nr > max(tileFloats, rows*kern.nr) {
+			t.Errorf("%+v: %d tiles for %d workers of %d rows × %d panels of %d (bound %d floats)", s, len(pl.ctile), pl.nt, rows, panels, kern.nr, tileFloats)
+		}
+		pl.release()
+		pl = newPlan(kern, s.threads, false, true, s.m, s.n, s.k, 1, nil, nil, s.k, nil, nil, s.k, 0, nil, nil, s.n)
+		if len(pl.ctile) != 0 {
+			t.Errorf("%+v: float32 C with %d tiles", s, len(pl.ctile))
+		}
+		pl.release()
 	}
 }

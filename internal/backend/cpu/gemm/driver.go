@@ -4,6 +4,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/titan-go/titan/internal/numeric"
 )
 
 // A plan is one multiplication in flight: its operands, blocking, the
@@ -27,7 +29,7 @@ type plan struct {
 	m, n, k        int
 	alpha, beta    float32
 	a, b, c        []float32
-	ah, bh         []uint16 // A and B when they are bfloat16 (a, b nil)
+	ah, bh, ch     []uint16 // A, B and C when they are bfloat16 (a, b, c nil)
 	lda, ldb, ldc  int
 
 	kc, nc    int // K step and N block
@@ -39,6 +41,7 @@ type plan struct {
 	bbuf   *buffer   // op(B)'s k×nc panel, packed
 	apk    *buffer   // all of op(A), packed, or nil
 	abuf   []*buffer // per-worker packed rows of op(A) for one K step, without apk
+	ctile  []*buffer // per-worker float32 tile of an item's C, with ch
 	workFn func(worker int)
 
 	// Work counters, cumulative over the N blocks, each on its own cache
@@ -80,12 +83,16 @@ const (
 	minItemPanels = 4
 	// packChunkPanels is the number of B panels packed per claimed chunk.
 	packChunkPanels = 4
+	// tileFloats bounds the float32 tile in which an item accumulates a
+	// bfloat16 C over the K steps (256 KiB, in L2 beside the packed A
+	// block): items are narrowed to fit it.
+	tileFloats = 1 << 16
 )
 
 // newPlan prepares a multiplication of checked operands with at most
-// threads workers. Each operand is given as float32 or, only for the
-// kernels of GemmBF16, as bfloat16 (ah, bh), the other slice nil.
-func newPlan(kern *kernel, threads int, transA, transB bool, m, n, k int, alpha float32, a []float32, ah []uint16, lda int, b []float32, bh []uint16, ldb int, beta float32, c []float32, ldc int) *plan {
+// threads workers. Each matrix is given as float32 or, only for the
+// kernels of GemmBF16, as bfloat16 (ah, bh, ch), the other slice nil.
+func newPlan(kern *kernel, threads int, transA, transB bool, m, n, k int, alpha float32, a []float32, ah []uint16, lda int, b []float32, bh []uint16, ldb int, beta float32, c []float32, ch []uint16, ldc int) *plan {
 	pl := planPool.Get().(*plan)
 	pl.kern = kern
 	pl.transA, pl.transB = transA, transB
@@ -93,7 +100,7 @@ func newPlan(kern *kernel, threads int, transA, transB bool, m, n, k int, alpha 
 	pl.alpha, pl.beta = alpha, beta
 	pl.a, pl.ah, pl.lda = a, ah, lda
 	pl.b, pl.bh, pl.ldb = b, bh, ldb
-	pl.c, pl.ldc = c, ldc
+	pl.c, pl.ch, pl.ldc = c, ch, ldc
 
 	mr, nr := kern.mr, kern.nr
 	kw := kern.words(k) // packed depth of all of K
@@ -113,6 +120,7 @@ func newPlan(kern *kernel, threads int, transA, transB bool, m, n, k int, alpha 
 		if pl.rowBlocks < target {
 			pl.colGroups = max(1, min((target+pl.rowBlocks-1)/pl.rowBlocks, np/minItemPanels))
 		}
+		pl.fitTile(mb, np)
 		// Equal workers finish together when the items divide evenly.
 		for rb := pl.rowBlocks; rb < pl.rowBlocks+threads && rb <= mb; rb++ {
 			if rb*pl.colGroups%threads == 0 {
@@ -121,6 +129,7 @@ func newPlan(kern *kernel, threads int, transA, transB bool, m, n, k int, alpha 
 			}
 		}
 	}
+	pl.fitTile(mb, np) // single-threaded plans (a no-op after the split above)
 
 	pl.bbuf = getBuffer(&bPool, kw*np*nr)
 	// Packing A whole saves work when items would pack the same rows
@@ -132,6 +141,13 @@ func newPlan(kern *kernel, threads int, transA, transB bool, m, n, k int, alpha 
 		rows := (mb + pl.rowBlocks - 1) / pl.rowBlocks * mr
 		for w := 0; w < pl.nt; w++ {
 			pl.abuf = append(pl.abuf, getBuffer(&aPool, kern.words(pl.kc)*rows))
+		}
+	}
+	if ch != nil {
+		rows := (mb + pl.rowBlocks - 1) / pl.rowBlocks * mr
+		panels := (np + pl.colGroups - 1) / pl.colGroups
+		for w := 0; w < pl.nt; w++ {
+			pl.ctile = append(pl.ctile, getBuffer(&cPool, rows*panels*nr))
 		}
 	}
 	for _, ctr := range []*paddedCounter{&pl.packNext, &pl.packDone, &pl.itemNext, &pl.itemDone} {
@@ -152,6 +168,18 @@ func balance(total, limit, unit int) int {
 
 func roundUp(x, unit int) int { return (x + unit - 1) / unit * unit }
 
+// fitTile raises colGroups, for a bfloat16 C, until the tile of every
+// item (at most ceil(mb/rowBlocks)·mr rows of ceil(np/colGroups) panels)
+// holds at most tileFloats floats, or one panel.
+func (pl *plan) fitTile(mb, np int) {
+	if pl.ch == nil {
+		return
+	}
+	rows := (mb + pl.rowBlocks - 1) / pl.rowBlocks * pl.kern.mr
+	panels := max(1, tileFloats/(rows*pl.kern.nr))
+	pl.colGroups = max(pl.colGroups, (np+panels-1)/panels)
+}
+
 // release returns pl's buffers to their pools and pl to planPool.
 func (pl *plan) release() {
 	bPool.Put(pl.bbuf)
@@ -165,7 +193,12 @@ func (pl *plan) release() {
 		pl.abuf[i] = nil
 	}
 	pl.abuf = pl.abuf[:0]
-	pl.a, pl.b, pl.c, pl.ah, pl.bh = nil, nil, nil, nil, nil
+	for i, ct := range pl.ctile {
+		cPool.Put(ct)
+		pl.ctile[i] = nil
+	}
+	pl.ctile = pl.ctile[:0]
+	pl.a, pl.b, pl.c, pl.ah, pl.bh, pl.ch = nil, nil, nil, nil, nil, nil
 	planPool.Put(pl)
 }
 
@@ -179,9 +212,12 @@ func (pl *plan) work(w int) {
 	n, k, kc := pl.n, pl.k, pl.kc
 	kb := (k + kc - 1) / kc
 	bb := pl.bbuf.f
-	var abuf []float32
+	var abuf, tile []float32
 	if pl.apk == nil {
 		abuf = pl.abuf[w].f
+	}
+	if pl.ch != nil {
+		tile = pl.ctile[w].f
 	}
 	// Chunks of A to pack with the first N block.
 	mb := (pl.m + mr - 1) / mr
@@ -233,7 +269,7 @@ func (pl *plan) work(w int) {
 				break
 			}
 			rb, cg := int(idx-itemBase)/pl.colGroups, int(idx-itemBase)%pl.colGroups
-			pl.item(abuf, rb, cg, jc, ncur)
+			pl.item(abuf, tile, rb, cg, jc, ncur)
 			pl.done(&pl.itemDone, itemEnd)
 		}
 		if jc+pl.nc < n {
@@ -245,8 +281,11 @@ func (pl *plan) work(w int) {
 
 // item computes the tiles of C in row block rb and panel group cg of the
 // N block of ncur columns at jc. abuf is the worker's A buffer, unused
-// when A is packed whole.
-func (pl *plan) item(abuf []float32, rb, cg, jc, ncur int) {
+// when A is packed whole. For a bfloat16 C, the item accumulates every K
+// step in the worker's float32 tile (which first holds the widened C
+// when beta != 0) and rounds it into C to nearest even once, after the
+// last: the bits of the float32 C's result, rounded.
+func (pl *plan) item(abuf, tile []float32, rb, cg, jc, ncur int) {
 	kern := pl.kern
 	mr, nr := kern.mr, kern.nr
 	mb := (pl.m + mr - 1) / mr
@@ -259,6 +298,23 @@ func (pl *plan) item(abuf []float32, rb, cg, jc, ncur int) {
 	}
 	rows := r1 - r0
 	bb := pl.bbuf.f
+	// dst is C from row r0 and column j0 on, with row stride ld: C
+	// itself, or the tile of a bfloat16 C.
+	j0 := jc + q0*nr
+	width := min(jc+q1*nr, jc+ncur) - j0
+	var dst []float32
+	ld := pl.ldc
+	if pl.ch == nil {
+		dst = pl.c[r0*pl.ldc+j0:]
+	} else {
+		ld = (q1 - q0) * nr
+		dst = tile[:rows*ld]
+		if pl.beta != 0 {
+			for i := 0; i < rows; i++ {
+				numeric.BF16sToFloat32(dst[i*ld:i*ld+width], pl.ch[(r0+i)*pl.ldc+j0:(r0+i)*pl.ldc+j0+width])
+			}
+		}
+	}
 	for pc := 0; pc < pl.k; pc += pl.kc {
 		kcur := min(pl.kc, pl.k-pc)
 		kw := kern.words(kcur)
@@ -274,13 +330,18 @@ func (pl *plan) item(abuf []float32, rb, cg, jc, ncur int) {
 		}
 		off := kern.words(pc) * np * nr
 		for jp := q0; jp < q1; jp++ {
-			j := jc + jp*nr
-			cols := min(nr, jc+ncur-j)
+			j := (jp - q0) * nr
+			cols := min(nr, width-j)
 			bp := bb[off+jp*kw*nr : off+(jp+1)*kw*nr]
 			for ir := 0; ir < rows; ir += mr {
-				kern.micro(kw, abuf[ir*kw:(ir+mr)*kw], bp, pl.c[(r0+ir)*pl.ldc+j:],
-					pl.ldc, pl.alpha, beta, min(mr, rows-ir), cols)
+				kern.micro(kw, abuf[ir*kw:(ir+mr)*kw], bp, dst[ir*ld+j:],
+					ld, pl.alpha, beta, min(mr, rows-ir), cols)
 			}
+		}
+	}
+	if pl.ch != nil {
+		for i := 0; i < rows; i++ {
+			numeric.Float32sToBF16(pl.ch[(r0+i)*pl.ldc+j0:(r0+i)*pl.ldc+j0+width], dst[i*ld:i*ld+width])
 		}
 	}
 }
@@ -388,11 +449,12 @@ type buffer struct {
 	f   []float32
 }
 
-// Pools of packed A and B buffers, kept apart so that the small A
-// buffers do not grow to the size of B panels.
+// Pools of packed A and B buffers and of the tiles of a bfloat16 C, kept
+// apart so that the small A buffers do not grow to the size of B panels.
 var (
 	aPool = sync.Pool{New: func() any { return new(buffer) }}
 	bPool = sync.Pool{New: func() any { return new(buffer) }}
+	cPool = sync.Pool{New: func() any { return new(buffer) }}
 )
 
 // getBuffer returns a buffer from pool with len(f) >= n.

@@ -14,6 +14,8 @@
 // VDPBF16PS micro-kernel whose packing rounds float32 operands to
 // bfloat16 (or copies bfloat16 ones), elsewhere the float32 kernels on
 // operands rounded the same way; see BF16Kernels and SetBF16Kernel.
+// GemmBF16ToBF16 writes a bfloat16 C: each work item accumulates its
+// part of C over all of K in a float32 tile and rounds it once.
 //
 // Multiplications big enough to pay for it run on all workers of the
 // given pool: the workers pack the B panel together, share it, and claim
@@ -26,6 +28,7 @@ import (
 	"fmt"
 
 	"github.com/titan-go/titan/internal/backend/cpu/workpool"
+	"github.com/titan-go/titan/internal/numeric"
 )
 
 // minParallelFlops is the work (2·m·n·k) below which a multiplication runs
@@ -47,20 +50,24 @@ func Sgemm(p *workpool.Pool, transA, transB bool, m, n, k int, alpha float32, a 
 	if p != nil {
 		threads = p.Size()
 	}
-	gemm(p, threads, active.Load(), transA, transB, m, n, k, alpha, a, nil, lda, b, nil, ldb, beta, c, ldc)
+	gemm(p, threads, active.Load(), transA, transB, m, n, k, alpha, a, nil, lda, b, nil, ldb, beta, c, nil, ldc)
 }
 
 // gemm runs one checked multiplication with up to threads workers of p.
-// A is a, or ah when it is bfloat16 (a nil), and likewise for B.
-func gemm(p *workpool.Pool, threads int, kern *kernel, transA, transB bool, m, n, k int, alpha float32, a []float32, ah []uint16, lda int, b []float32, bh []uint16, ldb int, beta float32, c []float32, ldc int) {
+// A is a, or ah when it is bfloat16 (a nil), and likewise for B and C.
+func gemm(p *workpool.Pool, threads int, kern *kernel, transA, transB bool, m, n, k int, alpha float32, a []float32, ah []uint16, lda int, b []float32, bh []uint16, ldb int, beta float32, c []float32, ch []uint16, ldc int) {
 	if m == 0 || n == 0 {
 		return
 	}
 	if k == 0 || alpha == 0 {
-		scale(m, n, beta, c, ldc)
+		if ch != nil {
+			scaleBF16(m, n, beta, ch, ldc)
+		} else {
+			scale(m, n, beta, c, ldc)
+		}
 		return
 	}
-	pl := newPlan(kern, threads, transA, transB, m, n, k, alpha, a, ah, lda, b, bh, ldb, beta, c, ldc)
+	pl := newPlan(kern, threads, transA, transB, m, n, k, alpha, a, ah, lda, b, bh, ldb, beta, c, ch, ldc)
 	if pl.nt > 1 {
 		p.Run(pl.workFn)
 	} else {
@@ -80,6 +87,23 @@ func scale(m, n int, beta float32, c []float32, ldc int) {
 		default:
 			for j := range row {
 				row[j] *= beta
+			}
+		}
+	}
+}
+
+// scaleBF16 is scale on a bfloat16 C: each element widened, scaled in
+// float32 and rounded to nearest even.
+func scaleBF16(m, n int, beta float32, c []uint16, ldc int) {
+	for i := 0; i < m; i++ {
+		row := c[i*ldc : i*ldc+n]
+		switch beta {
+		case 0:
+			clear(row)
+		case 1:
+		default:
+			for j, h := range row {
+				row[j] = numeric.Float32ToBF16(beta * numeric.BF16ToFloat32(h))
 			}
 		}
 	}

@@ -473,7 +473,7 @@ func TestPlanSplit(t *testing.T) {
 		{2, 300, 300, 1000, func(pl *plan) bool { return pl.kc*((pl.k+pl.kc-1)/pl.kc) >= pl.k && pl.kc <= kern.kc }, "balanced K steps"},
 	}
 	for _, tc := range cases {
-		pl := newPlan(kern, tc.threads, false, false, tc.m, tc.n, tc.k, 1, nil, nil, tc.k, nil, nil, tc.n, 0, nil, tc.n)
+		pl := newPlan(kern, tc.threads, false, false, tc.m, tc.n, tc.k, 1, nil, nil, tc.k, nil, nil, tc.n, 0, nil, nil, tc.n)
 		if !tc.check(pl) {
 			t.Errorf("%s m=%d n=%d k=%d threads=%d: got nt=%d kc=%d nc=%d rowBlocks=%d colGroups=%d, want %s",
 				kern.name, tc.m, tc.n, tc.k, tc.threads, pl.nt, pl.kc, pl.nc, pl.rowBlocks, pl.colGroups, tc.want)
