@@ -95,7 +95,7 @@ func (g *attnGeom) mm(transA, transB bool, m, n, k int, alpha float32,
 		return
 	}
 	sa, sb, sc := gemmSpans("attention", transA, transB, m, n, k, lda, ldb, ldc)
-	gemm.GemmBF16(nil, transA, transB, m, n, k, alpha, a.operand(aOff, sa), lda, b.operand(bOff, sb), ldb, beta, window(c, cOff, sc), ldc)
+	gemm.GemmBF16(nil, transA, transB, m, n, k, alpha, a.operand(aOff, sa), lda, b.operand(bOff, sb), ldb, beta, gemm.F32(window(c, cOff, sc)), ldc)
 }
 
 // rowsNT computes the scores-like product c = alpha·X Yᵀ of the tile's

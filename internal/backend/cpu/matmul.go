@@ -71,8 +71,8 @@ func (b *Backend) Gemm(transA, transB bool, m, n, k int, alpha float32, a backen
 // GemmBF16 computes C = alpha*op(A)*op(B) + beta*C with gemm.GemmBF16:
 // both operands multiplied as bfloat16 (float32 ones rounded to nearest
 // even while packed), float32 accumulation into the float32 C; or, into
-// a bfloat16 C, with gemm.GemmBF16ToBF16 (float32 accumulation over all
-// of K, rounded to nearest even once).
+// a bfloat16 C, float32 accumulation over all of K rounded to nearest
+// even once.
 func (b *Backend) GemmBF16(transA, transB bool, m, n, k int, alpha float32, a backend.Tensor, lda int, bm backend.Tensor, ldb int, beta float32, c backend.Tensor, ldc int) {
 	b.gemmBF16("GemmBF16", transA, transB, m, n, k, alpha, a, lda, bm, ldb, beta, c, ldc, true)
 }
@@ -82,18 +82,16 @@ func (b *Backend) gemmBF16(op string, transA, transB bool, m, n, k int, alpha fl
 	sa, sb, sc := gemmSpans(op, transA, transB, m, n, k, lda, ldb, ldc)
 	ao := gemmOperand(op, "a", a, sa)
 	bo := gemmOperand(op, "b", bm, sb)
+	var co gemm.Operand
 	if halfC && isBF16(c) {
-		ch := u16n(op, "c", c, sc)
-		if m > 0 && n > 0 {
-			gemm.GemmBF16ToBF16(b.pool, transA, transB, m, n, k, alpha, ao, lda, bo, ldb, beta, ch, ldc)
-		}
-		return
+		co = gemm.BF16(u16n(op, "c", c, sc))
+	} else {
+		co = gemm.F32(f32n(op, "c", c, sc))
 	}
-	cs := f32n(op, "c", c, sc)
 	if m == 0 || n == 0 {
 		return
 	}
-	gemm.GemmBF16(b.pool, transA, transB, m, n, k, alpha, ao, lda, bo, ldb, beta, cs, ldc)
+	gemm.GemmBF16(b.pool, transA, transB, m, n, k, alpha, ao, lda, bo, ldb, beta, co, ldc)
 }
 
 // isBF16 reports whether t is a view of bfloat16 memory.

@@ -7,8 +7,8 @@ import (
 	"github.com/titan-go/titan/internal/numeric"
 )
 
-// An Operand is one input matrix of GemmBF16: float32 elements, rounded
-// to bfloat16 while they are packed, or bfloat16 bit patterns (the
+// An Operand is one matrix of GemmBF16: float32 elements (an input
+// rounded to bfloat16 while it is packed) or bfloat16 bit patterns (the
 // []uint16 of bfloat16 backend memory).
 type Operand struct {
 	f32  []float32
@@ -27,7 +27,13 @@ func (o Operand) len() int { return len(o.f32) + len(o.bf16) }
 // products of bfloat16 operands and float32 accumulation: each element of
 // A and B is first rounded to bfloat16 (numeric.Float32ToBF16DAZ for a
 // float32 operand), and a subnormal bfloat16 operand counts as zero, as
-// the VDPBF16PS instruction has it. C, alpha and beta are float32.
+// the VDPBF16PS instruction has it. alpha and beta are float32.
+//
+// C is float32, or bfloat16: then every K step accumulates in a float32
+// tile of the work item (holding C widened first when beta != 0), which
+// is rounded into C to nearest even (numeric.Float32ToBF16) once, after
+// the last step, so that C is exactly the bfloat16 rounding of the
+// float32 C's result, whatever the threads.
 //
 // The kernel is chosen like Sgemm's (see BF16Kernels): on CPUs with
 // AVX512_BF16 the VDPBF16PS micro-kernel, which multiplies twice as many
@@ -36,29 +42,13 @@ func (o Operand) len() int { return len(o.f32) + len(o.bf16) }
 // exact products in float32, only in different orders, so they differ
 // by float32 rounding alone. Blocking, threading and the rules on p, the
 // transposes and the arguments are Sgemm's.
-func GemmBF16(p *workpool.Pool, transA, transB bool, m, n, k int, alpha float32, a Operand, lda int, b Operand, ldb int, beta float32, c []float32, ldc int) {
-	checkArgs(transA, transB, m, n, k, a.len(), lda, 0, b.len(), ldb, 0, len(c), ldc, 0, 1)
+func GemmBF16(p *workpool.Pool, transA, transB bool, m, n, k int, alpha float32, a Operand, lda int, b Operand, ldb int, beta float32, c Operand, ldc int) {
+	checkArgs(transA, transB, m, n, k, a.len(), lda, 0, b.len(), ldb, 0, c.len(), ldc, 0, 1)
 	threads := 1
 	if p != nil {
 		threads = p.Size()
 	}
-	gemm(p, threads, activeBF16.Load(), transA, transB, m, n, k, alpha, a.f32, a.bf16, lda, b.f32, b.bf16, ldb, beta, c, nil, ldc)
-}
-
-// GemmBF16ToBF16 is GemmBF16 into a bfloat16 C (bit patterns, as
-// Operand's): every K step accumulates in a float32 tile of the work
-// item, which is rounded into C to nearest even (numeric.Float32ToBF16)
-// once, after the last step. With beta != 0 the tile first holds C
-// widened to float32. C is then exactly the bfloat16 rounding of what
-// GemmBF16 computes into a float32 C holding the widened C, whatever
-// the threads.
-func GemmBF16ToBF16(p *workpool.Pool, transA, transB bool, m, n, k int, alpha float32, a Operand, lda int, b Operand, ldb int, beta float32, c []uint16, ldc int) {
-	checkArgs(transA, transB, m, n, k, a.len(), lda, 0, b.len(), ldb, 0, len(c), ldc, 0, 1)
-	threads := 1
-	if p != nil {
-		threads = p.Size()
-	}
-	gemm(p, threads, activeBF16.Load(), transA, transB, m, n, k, alpha, a.f32, a.bf16, lda, b.f32, b.bf16, ldb, beta, nil, c, ldc)
+	gemm(p, threads, activeBF16.Load(), transA, transB, m, n, k, alpha, a.f32, a.bf16, lda, b.f32, b.bf16, ldb, beta, c.f32, c.bf16, ldc)
 }
 
 // bf16Kernels lists the kernels of GemmBF16 this machine supports,

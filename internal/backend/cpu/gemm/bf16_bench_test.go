@@ -33,7 +33,7 @@ var linearShapes = func() []benchShape {
 // mixed-precision step holds them) side by side on linearShapes, on 1 and
 // 2 workers: threads=T/f32/SHAPE and threads=T/bf16/SHAPE. The bf16 rows
 // with float32 operands (rounded while packing) are bf16f32/SHAPE; the
-// forward products into a bfloat16 C (GemmBF16ToBF16, the output layer's
+// forward products into a bfloat16 C (the output layer's
 // logits under mixed precision) are bf16c/SHAPE.
 func BenchmarkLinear(b *testing.B) {
 	for _, threads := range []int{1, 2} {
@@ -72,11 +72,11 @@ func benchLinear(b *testing.B, p *workpool.Pool, s benchShape, kind string) {
 		case "f32":
 			Sgemm(p, s.transA, s.transB, s.m, s.n, s.k, 1, a, lda, bm, ldb, s.beta, c, s.n)
 		case "bf16":
-			GemmBF16(p, s.transA, s.transB, s.m, s.n, s.k, 1, BF16(ah), lda, BF16(bh), ldb, s.beta, c, s.n)
+			GemmBF16(p, s.transA, s.transB, s.m, s.n, s.k, 1, BF16(ah), lda, BF16(bh), ldb, s.beta, F32(c), s.n)
 		case "bf16f32":
-			GemmBF16(p, s.transA, s.transB, s.m, s.n, s.k, 1, F32(a), lda, F32(bm), ldb, s.beta, c, s.n)
+			GemmBF16(p, s.transA, s.transB, s.m, s.n, s.k, 1, F32(a), lda, F32(bm), ldb, s.beta, F32(c), s.n)
 		case "bf16c":
-			GemmBF16ToBF16(p, s.transA, s.transB, s.m, s.n, s.k, 1, BF16(ah), lda, BF16(bh), ldb, s.beta, ch, s.n)
+			GemmBF16(p, s.transA, s.transB, s.m, s.n, s.k, 1, BF16(ah), lda, BF16(bh), ldb, s.beta, BF16(ch), s.n)
 		}
 	}
 	run()

@@ -63,7 +63,7 @@ func (pr *problem) runBF16(t *testing.T, p *workpool.Pool, kinds int) float64 {
 		b = BF16(bh)
 	}
 	got := append([]float32(nil), c0...)
-	GemmBF16(p, pr.transA, pr.transB, pr.m, pr.n, pr.k, pr.alpha, a, pr.lda, b, pr.ldb, pr.beta, got, pr.ldc)
+	GemmBF16(p, pr.transA, pr.transB, pr.m, pr.n, pr.k, pr.alpha, a, pr.lda, b, pr.ldb, pr.beta, F32(got), pr.ldc)
 
 	rounded := *pr
 	rounded.a, rounded.b = ar, br
@@ -159,7 +159,7 @@ func TestGemmBF16Subnormals(t *testing.T) {
 				A, B = BF16(ah), BF16(bh)
 			}
 			c := []float32{0}
-			GemmBF16(nil, false, false, 1, 1, 2, 1, A, 2, B, 1, 0, c, 1)
+			GemmBF16(nil, false, false, 1, 1, 2, 1, A, 2, B, 1, 0, F32(c), 1)
 			if c[0] != 0x1p-40 {
 				t.Errorf("%s: 2^-133·2^100 + 1·2^-40 = %g, want %g (the subnormal read as zero)", operandKinds[kinds], c[0], 0x1p-40)
 			}
@@ -190,10 +190,10 @@ func TestGemmBF16Panics(t *testing.T) {
 		f    func()
 	}{
 		{"short A", func() {
-			GemmBF16(nil, false, false, 2, 2, 2, 1, BF16(make([]uint16, 3)), 2, F32(make([]float32, 4)), 2, 0, make([]float32, 4), 2)
+			GemmBF16(nil, false, false, 2, 2, 2, 1, BF16(make([]uint16, 3)), 2, F32(make([]float32, 4)), 2, 0, F32(make([]float32, 4)), 2)
 		}},
 		{"small ldb", func() {
-			GemmBF16(nil, false, false, 2, 2, 2, 1, F32(make([]float32, 4)), 2, F32(make([]float32, 4)), 1, 0, make([]float32, 4), 2)
+			GemmBF16(nil, false, false, 2, 2, 2, 1, F32(make([]float32, 4)), 2, F32(make([]float32, 4)), 1, 0, F32(make([]float32, 4)), 2)
 		}},
 	} {
 		func() {
@@ -212,7 +212,7 @@ func ExampleGemmBF16() {
 	x := []float32{1, 2, 3, 4, 5, 6}
 	w := []uint16{0x3f80, 0, 0, 0, 0, 0x4000} // rows (1, 0, 0) and (0, 0, 2)
 	out := make([]float32, 4)
-	GemmBF16(nil, false, true, 2, 2, 3, 1, F32(x), 3, BF16(w), 3, 0, out, 2)
+	GemmBF16(nil, false, true, 2, 2, 3, 1, F32(x), 3, BF16(w), 3, 0, F32(out), 2)
 	fmt.Println(out)
 	// Output: [1 6 4 12]
 }
@@ -239,7 +239,7 @@ func TestGemmBF16FallbackAgrees(t *testing.T) {
 				t.Fatal(err)
 			}
 			c := append([]float32(nil), pr.c...)
-			GemmBF16(p, pr.transA, pr.transB, pr.m, pr.n, pr.k, 1, BF16(ah), pr.lda, F32(pr.b), pr.ldb, 1, c, pr.ldc)
+			GemmBF16(p, pr.transA, pr.transB, pr.m, pr.n, pr.k, 1, BF16(ah), pr.lda, F32(pr.b), pr.ldb, 1, F32(c), pr.ldc)
 			return c
 		}
 		def := run(BF16Kernels()[0])
@@ -279,14 +279,14 @@ func TestBF16PeakRatio(t *testing.T) {
 	}
 }
 
-// TestGemmBF16ToBF16: a bfloat16 C holds exactly the nearest-even
+// TestGemmBF16IntoBF16: a bfloat16 C holds exactly the nearest-even
 // rounding of GemmBF16's float32 C (started from the widened bfloat16 C
 // when beta != 0), on every kernel and operand kind, on 1 to 3 workers:
 // shapes at and around the micro-tile, cache-block and K-step edges,
 // items narrowed to the tile bound, several N blocks, beta 0 (C's NaNs
 // ignored), 1 and 0.5, and the k = 0 and alpha = 0 scalings. Elements
 // between the rows (ldc padding) keep their bits.
-func TestGemmBF16ToBF16(t *testing.T) {
+func TestGemmBF16IntoBF16(t *testing.T) {
 	pools := []*workpool.Pool{nil, workpool.New(2), workpool.New(3)}
 	defer pools[1].Close()
 	defer pools[2].Close()
@@ -314,10 +314,10 @@ func TestGemmBF16ToBF16(t *testing.T) {
 				numeric.Float32sToBF16(c0, pr.c) // NaNs with beta 0
 				c32 := make([]float32, len(c0))
 				numeric.BF16sToFloat32(c32, c0)
-				GemmBF16(nil, pr.transA, pr.transB, s.m, s.n, s.k, pr.alpha, a, pr.lda, b, pr.ldb, pr.beta, c32, pr.ldc)
+				GemmBF16(nil, pr.transA, pr.transB, s.m, s.n, s.k, pr.alpha, a, pr.lda, b, pr.ldb, pr.beta, F32(c32), pr.ldc)
 				for workers, p := range pools {
 					got := slices.Clone(c0)
-					GemmBF16ToBF16(p, pr.transA, pr.transB, s.m, s.n, s.k, pr.alpha, a, pr.lda, b, pr.ldb, pr.beta, got, pr.ldc)
+					GemmBF16(p, pr.transA, pr.transB, s.m, s.n, s.k, pr.alpha, a, pr.lda, b, pr.ldb, pr.beta, BF16(got), pr.ldc)
 					for i, h := range got {
 						want := c0[i]
 						if i%pr.ldc < s.n {

@@ -14,7 +14,7 @@
 // VDPBF16PS micro-kernel whose packing rounds float32 operands to
 // bfloat16 (or copies bfloat16 ones), elsewhere the float32 kernels on
 // operands rounded the same way; see BF16Kernels and SetBF16Kernel.
-// GemmBF16ToBF16 writes a bfloat16 C: each work item accumulates its
+// GemmBF16 also writes a bfloat16 C: each work item accumulates its
 // part of C over all of K in a float32 tile and rounds it once.
 //
 // Multiplications big enough to pay for it run on all workers of the

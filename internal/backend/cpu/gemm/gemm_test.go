@@ -505,7 +505,7 @@ func TestSleepingWaiters(t *testing.T) {
 				}{{nil, one}, {p, many}} {
 					pool, c := run.pool, run.c
 					if bf16 {
-						GemmBF16(pool, pr.transA, pr.transB, s.m, s.n, s.k, 1, F32(pr.a), pr.lda, F32(pr.b), pr.ldb, 0.5, c, pr.ldc)
+						GemmBF16(pool, pr.transA, pr.transB, s.m, s.n, s.k, 1, F32(pr.a), pr.lda, F32(pr.b), pr.ldb, 0.5, F32(c), pr.ldc)
 					} else {
 						Sgemm(pool, pr.transA, pr.transB, s.m, s.n, s.k, 1, pr.a, pr.lda, pr.b, pr.ldb, 0.5, c, pr.ldc)
 					}
