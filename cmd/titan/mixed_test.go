@@ -27,7 +27,7 @@ import (
 var mixedTol = parityTol{loss: 5e-4, gradNorm: 2e-3, params: 1e-4}
 
 // TestMixedPrecisionLayoutsMatchOneProcess: bfloat16 mixed precision
-// trains under FSDP2, TP2 and PP2 like one bfloat16 process within
+// trains under FSDP2, TP2, PP2 and CP2 like one bfloat16 process within
 // mixedTol; bfloat16 differs from float32 (the key is honoured) by less
 // than 2%; a bfloat16 gradient reduction (training.mixed_precision_reduce)
 // changes the FSDP2 run and stays within 1% of the float32 reduction.
@@ -73,6 +73,7 @@ func TestMixedPrecisionLayoutsMatchOneProcess(t *testing.T) {
 		{"TP2", []string{"--nproc", "2", "--set", "parallelism.tensor_parallel_degree=2"}},
 		{"PP2", []string{"--nproc", "2", "--set", "parallelism.pipeline_parallel_degree=2",
 			"--set", "parallelism.pipeline_parallel_schedule=1F1B", "--set", "parallelism.pipeline_parallel_microbatch_size=1"}},
+		{"CP2", []string{"--nproc", "2", "--set", "parallelism.context_parallel_degree=2"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dump := t.TempDir()

@@ -137,9 +137,13 @@ type Backend interface {
 
 	// Alloc returns n zeroed elements of the given type.
 	Alloc(dtype DType, n int) Tensor
-	// Upload copies host data ([]float32 or []int32 matching dst's dtype) into dst.
+	// Upload copies host data ([]float32, []int32 or bfloat16 bit
+	// patterns []uint16 matching dst's dtype) into dst; a []float32 into
+	// a bfloat16 dst is rounded to nearest even (as Copy).
 	Upload(dst Tensor, src any)
-	// Download copies src into host data ([]float32 or []int32).
+	// Download copies src into host data ([]float32, []int32 or
+	// []uint16 matching src's dtype); a bfloat16 src into a []float32 is
+	// widened exactly.
 	Download(dst any, src Tensor)
 	// Zero sets every element of t to zero.
 	Zero(t Tensor)

@@ -17,12 +17,12 @@ type Precision struct {
 	// matmul's operands), and so do attention's products (Q·Kᵀ, P·V and
 	// those of its backward: the probabilities are rounded to bfloat16
 	// before P·V, as a bfloat16 attention kernel does). The activations
-	// only those products read — the norms' outputs, SwiGLU's and,
-	// without context parallelism, attention's q, k and v — are stored
-	// in bfloat16 (the same bits the products would round them to), and
-	// so is attention's output without context parallelism (autocast's
-	// attention returns bfloat16: its float32 result rounded once, which
-	// the backward reads for rowsum(dO·O)), and so are the output layer's
+	// only those products read — the norms' outputs, SwiGLU's and
+	// attention's q, k and v — are stored in bfloat16 (the same bits the
+	// products would round them to), and so is attention's output
+	// (autocast's attention returns bfloat16: its float32 result rounded
+	// once, which the backward reads for rowsum(dO·O); under context
+	// parallelism the ring's merged float32 result), and so are the output layer's
 	// logits, rounded once from its float32 accumulation, and their
 	// gradient (PyTorch's bfloat16 logits: the loss widens them and
 	// accumulates in float32); everything else — the residual stream,

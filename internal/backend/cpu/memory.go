@@ -135,11 +135,18 @@ func i32n(op, name string, t backend.Tensor, n int) []int32 {
 }
 
 // Upload copies src, a []float32, []int32 or (bfloat16 bit patterns)
-// []uint16 matching dst's dtype and exactly dst.Len long, into dst.
+// []uint16 matching dst's dtype and exactly dst.Len long, into dst; a
+// []float32 into a bfloat16 dst is rounded to nearest even.
 func (b *Backend) Upload(dst backend.Tensor, src any) {
 	const op = "Upload"
 	switch s := src.(type) {
 	case []float32:
+		if isBF16(dst) {
+			d := u16(op, "dst", dst)
+			checkHostLen(op, len(s), len(d))
+			numeric.Float32sToBF16(d, s)
+			return
+		}
 		d := f32(op, "dst", dst)
 		checkHostLen(op, len(s), len(d))
 		copy(d, s)
@@ -157,11 +164,18 @@ func (b *Backend) Upload(dst backend.Tensor, src any) {
 }
 
 // Download copies src into dst, a []float32, []int32 or []uint16 matching
-// src's dtype and exactly src.Len long.
+// src's dtype and exactly src.Len long; a bfloat16 src into a []float32
+// is widened exactly.
 func (b *Backend) Download(dst any, src backend.Tensor) {
 	const op = "Download"
 	switch d := dst.(type) {
 	case []float32:
+		if isBF16(src) {
+			s := u16(op, "src", src)
+			checkHostLen(op, len(d), len(s))
+			numeric.BF16sToFloat32(d, s)
+			return
+		}
 		s := f32(op, "src", src)
 		checkHostLen(op, len(d), len(s))
 		copy(d, s)

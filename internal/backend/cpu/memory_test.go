@@ -1,11 +1,13 @@
 package cpu
 
 import (
+	"math"
 	"slices"
 	"testing"
 	"unsafe"
 
 	"github.com/titan-go/titan/internal/backend"
+	"github.com/titan-go/titan/internal/numeric"
 )
 
 func TestAlloc(t *testing.T) {
@@ -94,6 +96,25 @@ func TestUploadDownload(t *testing.T) {
 	b.Download(gotH, ht)
 	if !slices.Equal(gotH, h) {
 		t.Errorf("bfloat16 Copy: %v", gotH)
+	}
+
+	// float32 host data into a bfloat16 tensor rounds to nearest even;
+	// a bfloat16 tensor into float32 host data widens exactly.
+	vals := []float32{0, float32(math.Copysign(0, -1)), 1.00390625, 1.01171875, 3.4e38, 1e-40, -1.1754942e-38,
+		float32(math.Inf(-1)), math.Float32frombits(0x7fc00001), math.Float32frombits(0x3f808000), math.Float32frombits(0x3f818000)}
+	hv := b.Alloc(backend.BFloat16, len(vals))
+	b.Upload(hv, vals)
+	gotV := make([]uint16, len(vals))
+	b.Download(gotV, hv)
+	wide := make([]float32, len(vals))
+	b.Download(wide, hv)
+	for i, v := range vals {
+		if want := numeric.Float32ToBF16(v); gotV[i] != want {
+			t.Errorf("Upload(%#08x) into bfloat16 = %#04x, want %#04x", math.Float32bits(v), gotV[i], want)
+		}
+		if want := numeric.BF16ToFloat32(gotV[i]); math.Float32bits(wide[i]) != math.Float32bits(want) {
+			t.Errorf("Download(%#04x) into float32 = %#08x, want %#08x", gotV[i], math.Float32bits(wide[i]), math.Float32bits(want))
+		}
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/titan-go/titan/internal/backend"
+	"github.com/titan-go/titan/internal/numeric"
 )
 
 // Backend implements backend.Backend on a Device.
@@ -160,7 +161,7 @@ func (b *Backend) scratchBytes(n int) uintptr {
 }
 
 // Upload copies host data ([]float32, []int32, or []uint16 for bfloat16)
-// into dst.
+// into dst; a []float32 into a bfloat16 dst is rounded to nearest even.
 func (b *Backend) Upload(dst backend.Tensor, src any) {
 	const op = "Upload"
 	var p unsafe.Pointer
@@ -168,6 +169,12 @@ func (b *Backend) Upload(dst backend.Tensor, src any) {
 	var dt backend.DType
 	switch s := src.(type) {
 	case []float32:
+		if isBF16(dst) { // rounded on the host
+			h := make([]uint16, len(s))
+			numeric.Float32sToBF16(h, s)
+			b.Upload(dst, h)
+			return
+		}
 		p, n, dt = unsafe.Pointer(unsafe.SliceData(s)), len(s), backend.Float32
 	case []int32:
 		p, n, dt = unsafe.Pointer(unsafe.SliceData(s)), len(s), backend.Int32
@@ -185,7 +192,8 @@ func (b *Backend) Upload(dst backend.Tensor, src any) {
 	}
 }
 
-// Download copies src into host data ([]float32, []int32, []uint16).
+// Download copies src into host data ([]float32, []int32, []uint16); a
+// bfloat16 src into a []float32 is widened.
 func (b *Backend) Download(dst any, src backend.Tensor) {
 	const op = "Download"
 	var p unsafe.Pointer
@@ -193,6 +201,12 @@ func (b *Backend) Download(dst any, src backend.Tensor) {
 	var dt backend.DType
 	switch d := dst.(type) {
 	case []float32:
+		if isBF16(src) { // widened on the host
+			h := make([]uint16, len(d))
+			b.Download(h, src)
+			numeric.BF16sToFloat32(d, h)
+			return
+		}
 		p, n, dt = unsafe.Pointer(unsafe.SliceData(d)), len(d), backend.Float32
 	case []int32:
 		p, n, dt = unsafe.Pointer(unsafe.SliceData(d)), len(d), backend.Int32

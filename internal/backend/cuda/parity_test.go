@@ -242,6 +242,21 @@ func TestBF16Conversion(t *testing.T) {
 			t.Errorf("FromBF16(%#04x) = %v, want %v", got[i], wide[i], want)
 		}
 	}
+	// Upload of float32 host data into a bfloat16 tensor rounds the same
+	// way; Download of a bfloat16 tensor into float32 host data widens.
+	up := p.g.Alloc(backend.BFloat16, len(vals))
+	p.g.Upload(up, vals)
+	gotUp := make([]uint16, len(vals))
+	p.g.Download(gotUp, up)
+	p.g.Download(wide, up)
+	for i, v := range vals {
+		if want := numeric.Float32ToBF16(v); gotUp[i] != want {
+			t.Errorf("Upload(%#08x) into bfloat16 = %#04x, want %#04x", math.Float32bits(v), gotUp[i], want)
+		}
+		if want := numeric.BF16ToFloat32(gotUp[i]); math.Float32bits(wide[i]) != math.Float32bits(want) {
+			t.Errorf("Download(%#04x) into float32 = %v, want %v", gotUp[i], wide[i], want)
+		}
+	}
 }
 
 func TestAdamW(t *testing.T) {

@@ -32,11 +32,10 @@ type layerActs struct {
 func (m *Model) actFields(a *layerActs) []actField {
 	N, n, D := m.N, m.n, m.Cfg.Dim
 	norm := m.tp() == 1 // gathered from float32 host buffers under tp
-	qkv := m.cp() == 1  // ring attention stages k, v and the merged output in float32 host buffers
 	return []actField{
 		{&a.attnNorm, N * D, true, norm}, {&a.attnRstd, n, true, false},
-		{&a.q, N * m.nq, false, qkv}, {&a.k, N * m.nkvd, false, qkv}, {&a.v, N * m.nkvd, false, qkv},
-		{&a.attn, N * m.nq, false, qkv}, {&a.lse, N * m.nh, false, false},
+		{&a.q, N * m.nq, false, true}, {&a.k, N * m.nkvd, false, true}, {&a.v, N * m.nkvd, false, true},
+		{&a.attn, N * m.nq, false, true}, {&a.lse, N * m.nh, false, false},
 		{&a.mid, n * D, false, false},
 		{&a.ffnNorm, N * D, true, norm}, {&a.ffnRstd, n, true, false},
 		{&a.h1, N * m.f, false, false}, {&a.h3, N * m.f, false, false}, {&a.hs, N * m.f, true, true},

@@ -204,9 +204,10 @@ func TestBF16Logits(t *testing.T) {
 // TestHalfActivationsParallel: under tensor parallelism the attention
 // output and q, k, v stay bfloat16 (the heads are local) while the norm
 // outputs, gathered from float32 host buffers, are float32; under context
-// parallelism the attention output and q, k, v are float32 (ring
-// attention stages k, v and the merged output in float32 host buffers).
-// ActivationBytesFor plans what New allocates in both.
+// parallelism too the attention output and q, k, v are bfloat16 (the
+// ring's float32 host buffers hold k and v widened, and its merged
+// output is rounded once). ActivationBytesFor plans what New allocates
+// in both.
 func TestHalfActivationsParallel(t *testing.T) {
 	cfg := Config{Dim: 32, NLayers: 2, NHeads: 4, NKVHeads: 2, VocabSize: 64, MultipleOf: 16, NormEps: 1e-5, RoPETheta: 10000, MaxSeqLen: 16}
 	be := cpu.New(1)
@@ -218,7 +219,7 @@ func TestHalfActivationsParallel(t *testing.T) {
 		norm, attn backend.DType
 	}{
 		{"TP2", Plan{TP: 2, Comm: nilComm{}, Precision: bf16}, backend.Float32, backend.BFloat16},
-		{"CP2", Plan{CP: 2, Comm: nilComm{}, Precision: bf16}, backend.BFloat16, backend.Float32},
+		{"CP2", Plan{CP: 2, Comm: nilComm{}, Precision: bf16}, backend.BFloat16, backend.BFloat16},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m, err := New(be, cfg, 2, 8, tc.plan)

@@ -355,7 +355,7 @@ func (m *Model) carve(keep, temp, keepH, tempH func(n int) backend.Tensor) {
 	m.dq, m.dk, m.dv, m.dat = temp(N*m.nq), temp(N*m.nkvd), temp(N*m.nkvd), temp(N*m.nq)
 	m.dqr, m.dkr = temp(N*m.nq), temp(N*m.nkvd)
 	m.dh1, m.dh3, m.dhs = temp(N*m.f), temp(N*m.f), temp(N*m.f)
-	if m.halfAct() && m.cp() == 1 && m.nLayers > 0 {
+	if m.halfAct() && m.nLayers > 0 {
 		m.proj = temp(N * max(m.nq, m.nkvd))
 	}
 	if m.cp() > 1 {
@@ -443,16 +443,18 @@ func (m *Model) ActivationBytes() int64 {
 }
 
 // halfAct reports whether the activations that only bfloat16 products
-// read (the norm outputs, the SwiGLU product and, without context
-// parallelism, attention's q, k and v; actField.half) are held in
-// bfloat16: under bfloat16 mixed precision. The products round their
-// operands to bfloat16 anyway, so the results are the same bits as from
-// float32 buffers, at half the memory and half the bytes the products'
-// packing reads. So is attention's output without context parallelism,
-// as autocast's attention returns it: wo's product rounds it anyway, and
-// the attention backward's rowsum(dO·O) reads the bfloat16 output. So
-// are the logits (see carve), which the output layer rounds once from
-// its float32 accumulation, as PyTorch's bfloat16 output layer does.
+// read (the norm outputs, the SwiGLU product, attention's q, k and v;
+// actField.half) are held in bfloat16: under bfloat16 mixed precision.
+// The products round their operands to bfloat16 anyway, so the results
+// are the same bits as from float32 buffers, at half the memory and half
+// the bytes the products' packing reads. So is attention's output, as
+// autocast's attention returns it: wo's product rounds it anyway, and the
+// attention backward's rowsum(dO·O) reads the bfloat16 output (under
+// context parallelism the ring merges the blocks' outputs in float32
+// host buffers and rounds the result once; its key/value blocks travel
+// as the exact float32 widening of the bfloat16 k and v). So are the
+// logits (see carve), which the output layer rounds once from its
+// float32 accumulation, as PyTorch's bfloat16 output layer does.
 func (m *Model) halfAct() bool { return m.Precision.BF16() }
 
 // claim starts a pass on the activation scratch: when it is shared and
