@@ -22,6 +22,15 @@ type Backend struct {
 	mu      sync.Mutex
 	scratch uintptr // device scratch memory (partial sums, conversions)
 	scrLen  int
+
+	// Memory that became garbage waits in garbage until the next Sync or
+	// Download frees it: an op reads its tensors' addresses and then
+	// launches kernels on them, and the collector may find a tensor
+	// unreachable in between (its last use was the address), so freeing
+	// at once could hand the memory to the op's own scratch, or free it
+	// under a running kernel.
+	freeMu  sync.Mutex
+	garbage []uintptr
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -76,8 +85,8 @@ func elemGrid(n int) Dim3 {
 
 func blocks(n, per int) uint32 { return uint32(max(1, (n+per-1)/per)) }
 
-// Alloc returns n zeroed elements of dtype in device memory, freed when
-// the Memory is garbage.
+// Alloc returns n zeroed elements of dtype in device memory, freed at
+// the first Sync or Download after the Memory is garbage.
 func (b *Backend) Alloc(dtype backend.DType, n int) backend.Tensor {
 	if n < 0 {
 		panic(fmt.Sprintf("cuda: Alloc of %d %s elements", n, dtype))
@@ -89,8 +98,7 @@ func (b *Backend) Alloc(dtype backend.DType, n int) backend.Tensor {
 		b.must(fmt.Sprintf("Alloc(%d %s)", n, dtype), err)
 		b.must("Alloc", b.dev.Memset(p, bytes))
 		m.Addr = p
-		dev := b.dev
-		runtime.AddCleanup(m, func(p uintptr) { _ = dev.Free(p) }, p)
+		runtime.AddCleanup(m, b.freeLater, p)
 	}
 	return backend.Tensor{Mem: m, Len: n}
 }
@@ -222,6 +230,9 @@ func (b *Backend) Download(dst any, src backend.Tensor) {
 	if n > 0 {
 		b.must(op, b.dev.CopyDtoH(p, s, n*dt.Size()))
 	}
+	runtime.KeepAlive(src.Mem)
+	// The copy waited for the queued work: nothing uses the garbage now.
+	b.freeGarbage()
 }
 
 // Zero sets t to zero.
@@ -250,7 +261,30 @@ func (b *Backend) Copy(dst, src backend.Tensor) {
 }
 
 // Sync waits for all queued work.
-func (b *Backend) Sync() { b.must("Sync", b.dev.Sync()) }
+func (b *Backend) Sync() {
+	b.must("Sync", b.dev.Sync())
+	b.freeGarbage()
+}
+
+// freeLater queues the device memory at p, whose Memory is garbage, for
+// freeGarbage.
+func (b *Backend) freeLater(p uintptr) {
+	b.freeMu.Lock()
+	b.garbage = append(b.garbage, p)
+	b.freeMu.Unlock()
+}
+
+// freeGarbage frees the queued memory; the caller has waited for the
+// device, so no kernel still uses it.
+func (b *Backend) freeGarbage() {
+	b.freeMu.Lock()
+	g := b.garbage
+	b.garbage = nil
+	b.freeMu.Unlock()
+	for _, p := range g {
+		_ = b.dev.Free(p)
+	}
+}
 
 // ToBF16 rounds the float32 src into the bfloat16 dst (nearest even, as
 // numeric.Float32ToBF16).
