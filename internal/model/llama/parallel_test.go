@@ -111,68 +111,55 @@ func parallelTestConfig() Config {
 
 // TestShardedMatchesModel: tensor parallel (with sequence and loss
 // parallel), context parallel (ring attention) and both give the loss and
-// the gradients of the one-process model.
-func TestShardedMatchesModel(t *testing.T) {
-	cfg := parallelTestConfig()
-	const B, T = 2, 16
-	tokens, targets := testBatch(cfg, B, T)
-	wantLoss, want, scale, _, err := shardedStep(cfg, B, T, tokens, targets, 0, 1, 1, Plan{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range []struct{ tp, cp, chunk int }{{1, 1, 0}, {2, 1, 0}, {1, 2, 0}, {2, 2, 0}, {2, 1, 5}, {2, 2, 32}} {
-		loss, got, _, _, err := shardedStep(cfg, B, T, tokens, targets, scale, c.tp, c.cp, Plan{LogitChunk: c.chunk})
-		if err != nil {
-			t.Fatalf("tp %d cp %d chunk %d: %v", c.tp, c.cp, c.chunk, err)
-		}
-		if math.Abs(loss-wantLoss) > 1e-6*wantLoss {
-			t.Errorf("tp %d cp %d chunk %d: loss %.9g, one model %.9g", c.tp, c.cp, c.chunk, loss, wantLoss)
-		}
-		if rel := relL2(got, want); rel > 1e-5 {
-			t.Errorf("tp %d cp %d chunk %d: gradients differ by %.3g (L2 relative)", c.tp, c.cp, c.chunk, rel)
-		} else {
-			t.Logf("tp %d cp %d chunk %d: loss %.9g vs %.9g, gradients %.3g (L2 relative)", c.tp, c.cp, c.chunk, loss, wantLoss, rel)
-		}
-	}
-}
-
-// TestShardedBF16MatchesModel: bfloat16 mixed precision (bfloat16
-// activations, logits and logit gradients) under TP2, CP2 and both, with
-// whole and chunked logits, gives one bfloat16 process's loss and
-// gradients: every bfloat16 rounding is element-wise of the same float32
+// the gradients of the one-process model, in float32 and in bfloat16
+// mixed precision (bfloat16 activations, logits and logit gradients).
+// Under bfloat16 every rounding is element-wise of the same float32
 // values (the output projection contracts over the whole model dimension
 // on every rank, chunked or not; the norm outputs are gathered as their
 // rounding), so what is left is float32 summation order in the
 // row-parallel products and the ring's merges, which moves a value
 // across a bfloat16 rounding boundary only rarely.
-func TestShardedBF16MatchesModel(t *testing.T) {
+func TestShardedMatchesModel(t *testing.T) {
 	cfg := parallelTestConfig()
 	const B, T = 2, 16
 	tokens, targets := testBatch(cfg, B, T)
-	bf16 := model.Precision{Param: backend.BFloat16}
-	wantLoss, want, scale, _, err := shardedStep(cfg, B, T, tokens, targets, 0, 1, 1, Plan{Precision: bf16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range []struct{ tp, cp, chunk int }{{1, 1, 5}, {2, 1, 0}, {2, 1, 5}, {1, 2, 0}, {2, 2, 32}} {
-		loss, got, _, m, err := shardedStep(cfg, B, T, tokens, targets, scale, c.tp, c.cp, Plan{Precision: bf16, LogitChunk: c.chunk})
-		if err != nil {
-			t.Fatalf("tp %d cp %d chunk %d: %v", c.tp, c.cp, c.chunk, err)
-		}
-		if m.logits.DType() != backend.BFloat16 {
-			t.Errorf("tp %d cp %d chunk %d: logits are %v", c.tp, c.cp, c.chunk, m.logits.DType())
-		}
+	type layout struct{ tp, cp, chunk int }
+	for _, p := range []struct {
+		prec    model.Precision
+		layouts []layout
+		grads   func(cp int) float64 // the gradients' tolerance, L2 relative
+	}{
+		{model.Precision{}, []layout{{1, 1, 0}, {2, 1, 0}, {1, 2, 0}, {2, 2, 0}, {2, 1, 5}, {2, 2, 32}}, func(int) float64 { return 1e-5 }},
 		// Measured: 2.5e-8 without context parallelism, 9.3e-5 with it
 		// (the merged output's rounding).
-		tol := 1e-6
-		if c.cp > 1 {
-			tol = 5e-4
+		{model.Precision{Param: backend.BFloat16}, []layout{{1, 1, 5}, {2, 1, 0}, {2, 1, 5}, {1, 2, 0}, {2, 2, 32}}, func(cp int) float64 {
+			if cp > 1 {
+				return 5e-4
+			}
+			return 1e-6
+		}},
+	} {
+		wantLoss, want, scale, _, err := shardedStep(cfg, B, T, tokens, targets, 0, 1, 1, Plan{Precision: p.prec})
+		if err != nil {
+			t.Fatal(err)
 		}
-		rel := relL2(got, want)
-		if math.Abs(loss-wantLoss) > 1e-6*wantLoss || rel > tol {
-			t.Errorf("tp %d cp %d chunk %d: loss %.9g, one model %.9g; gradients differ by %.3g (L2 relative), want within %g", c.tp, c.cp, c.chunk, loss, wantLoss, rel, tol)
-		} else {
-			t.Logf("tp %d cp %d chunk %d: loss %.9g vs %.9g, gradients %.3g (L2 relative)", c.tp, c.cp, c.chunk, loss, wantLoss, rel)
+		for _, c := range p.layouts {
+			name := fmt.Sprintf("%v tp %d cp %d chunk %d", p.prec.Param, c.tp, c.cp, c.chunk)
+			loss, got, _, m, err := shardedStep(cfg, B, T, tokens, targets, scale, c.tp, c.cp, Plan{Precision: p.prec, LogitChunk: c.chunk})
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if p.prec.BF16() && m.logits.DType() != backend.BFloat16 {
+				t.Errorf("%s: logits are %v", name, m.logits.DType())
+			}
+			if math.Abs(loss-wantLoss) > 1e-6*wantLoss {
+				t.Errorf("%s: loss %.9g, one model %.9g", name, loss, wantLoss)
+			}
+			if rel, tol := relL2(got, want), p.grads(c.cp); rel > tol {
+				t.Errorf("%s: gradients differ by %.3g (L2 relative), want within %g", name, rel, tol)
+			} else {
+				t.Logf("%s: loss %.9g vs %.9g, gradients %.3g (L2 relative)", name, loss, wantLoss, rel)
+			}
 		}
 	}
 }

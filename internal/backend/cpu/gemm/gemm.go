@@ -61,7 +61,7 @@ func gemm(p *workpool.Pool, threads int, kern *kernel, transA, transB bool, m, n
 	}
 	if k == 0 || alpha == 0 {
 		if ch != nil {
-			scaleBF16(m, n, beta, ch, ldc)
+			scale(m, n, beta, ch, ldc)
 		} else {
 			scale(m, n, beta, c, ldc)
 		}
@@ -76,8 +76,10 @@ func gemm(p *workpool.Pool, threads int, kern *kernel, transA, transB bool, m, n
 	pl.release()
 }
 
-// scale computes C = beta*C, writing zeros when beta == 0.
-func scale(m, n int, beta float32, c []float32, ldc int) {
+// scale computes C = beta*C, writing zeros when beta == 0; a bfloat16 C
+// (bit patterns) is widened, scaled in float32 and rounded to nearest
+// even element by element.
+func scale[E float32 | uint16](m, n int, beta float32, c []E, ldc int) {
 	for i := 0; i < m; i++ {
 		row := c[i*ldc : i*ldc+n]
 		switch beta {
@@ -85,25 +87,15 @@ func scale(m, n int, beta float32, c []float32, ldc int) {
 			clear(row)
 		case 1:
 		default:
-			for j := range row {
-				row[j] *= beta
-			}
-		}
-	}
-}
-
-// scaleBF16 is scale on a bfloat16 C: each element widened, scaled in
-// float32 and rounded to nearest even.
-func scaleBF16(m, n int, beta float32, c []uint16, ldc int) {
-	for i := 0; i < m; i++ {
-		row := c[i*ldc : i*ldc+n]
-		switch beta {
-		case 0:
-			clear(row)
-		case 1:
-		default:
-			for j, h := range row {
-				row[j] = numeric.Float32ToBF16(beta * numeric.BF16ToFloat32(h))
+			switch r := any(row).(type) {
+			case []float32:
+				for j := range r {
+					r[j] *= beta
+				}
+			case []uint16:
+				for j, h := range r {
+					r[j] = numeric.Float32ToBF16(beta * numeric.BF16ToFloat32(h))
+				}
 			}
 		}
 	}
