@@ -3,7 +3,6 @@ package cpu
 import (
 	"fmt"
 	"math"
-	"sync"
 
 	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/numeric"
@@ -39,35 +38,29 @@ func ceLogitsOf(op string, t backend.Tensor, N, V int) ceLogits {
 	return ceLogits{f32: f32n(op, "logits", t, N*V), V: V}
 }
 
-// ceRows holds the row buffers of bfloat16 logits.
-var ceRows sync.Pool
-
-// buffer returns a row buffer for bfloat16 logits (nil for float32 ones,
-// which are read in place); give it back with release.
-func (l ceLogits) buffer() *[]float32 {
-	if l.h == nil {
-		return nil
-	}
-	b, _ := ceRows.Get().(*[]float32)
-	if b == nil || len(*b) < l.V {
-		b = new([]float32)
-		*b = make([]float32, l.V)
-	}
-	return b
-}
-
-func (l ceLogits) release(b *[]float32) {
-	if b != nil {
-		ceRows.Put(b)
-	}
+// forRows calls fn over blocks of rows [lo, hi) of N, on the pool's
+// workers; buf is the worker's row buffer for bfloat16 logits (its
+// scratch, nil for float32 logits, which are read in place).
+func (l ceLogits) forRows(b *Backend, N int, fn func(lo, hi int, buf []float32)) {
+	grain := ceGrain(l.V)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.forItems((N+grain-1)/grain, func(w, it int) {
+		var buf []float32
+		if l.h != nil {
+			buf = b.workerScratch(w, l.V)
+		}
+		lo := it * grain
+		fn(lo, min(N, lo+grain), buf)
+	})
 }
 
 // row returns row i as float32: the logits' own, or widened into buf.
-func (l ceLogits) row(i int, buf *[]float32) []float32 {
+func (l ceLogits) row(i int, buf []float32) []float32 {
 	if l.h == nil {
 		return l.f32[i*l.V : (i+1)*l.V]
 	}
-	r := (*buf)[:l.V]
+	r := buf[:l.V]
 	numeric.BF16sToFloat32(r, l.h[i*l.V:(i+1)*l.V])
 	return r
 }
@@ -114,9 +107,7 @@ func (b *Backend) CrossEntropyChunk(stats, logits, targets backend.Tensor, N, V,
 	st := f32n(op, "stats", stats, N*ceStride)
 	lg := ceLogitsOf(op, logits, N, V)
 	tg := i32n(op, "targets", targets, N)
-	b.pool.For(N, ceGrain(V), func(lo, hi int) {
-		buf := lg.buffer()
-		defer lg.release(buf)
+	lg.forRows(b, N, func(lo, hi int, buf []float32) {
 		for i := lo; i < hi; i++ {
 			t := int(tg[i])
 			if t < 0 {
@@ -171,9 +162,7 @@ func (b *Backend) CrossEntropyChunkBackward(logits, stats, targets backend.Tenso
 	lg := ceLogitsOf(op, logits, N, V)
 	st := f32n(op, "stats", stats, N*ceStride)
 	tg := i32n(op, "targets", targets, N)
-	b.pool.For(N, ceGrain(V), func(lo, hi int) {
-		buf := lg.buffer()
-		defer lg.release(buf)
+	lg.forRows(b, N, func(lo, hi int, buf []float32) {
 		for i := lo; i < hi; i++ {
 			t := int(tg[i])
 			if t < 0 {

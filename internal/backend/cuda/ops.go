@@ -199,27 +199,33 @@ func (b *Backend) RMSNormForward(out, rstd, inp, weight backend.Tensor, N, C int
 	if N == 0 {
 		return
 	}
-	po, done := b.f32Out(op, out, N*C)
+	po, done := b.f32View(op, "out", out, N*C, false, true)
 	defer done()
 	b.launch(op, "rmsnorm_fwd", Dim3{uint32(N), 1, 1}, Dim3{rowBlock, 1, 1},
 		po, f32p(op, "rstd", rstd, N), f32p(op, "inp", inp, N*C), f32p(op, "weight", weight, C),
 		int32(N), int32(C), eps)
 }
 
-// f32Out returns where an operation writes its n float32 results for
-// out: out itself when it is float32; for a bfloat16 out, scratch
-// memory that done rounds into it (nearest even, as the CPU backend).
-// Call done after the launch.
-func (b *Backend) f32Out(op string, out backend.Tensor, n int) (p uintptr, done func()) {
-	if !isBF16(out) {
-		return f32p(op, "out", out, n), func() {}
+// f32View returns where a kernel reads or writes the n float32 values of
+// t: t itself when it is float32; for a bfloat16 t, scratch memory that
+// holds t's exact widening when read is set, and that done rounds back
+// into t (nearest even, as the CPU backend) when write is set. Call done
+// after the launch.
+func (b *Backend) f32View(op, name string, t backend.Tensor, n int, read, write bool) (p uintptr, done func()) {
+	if !isBF16(t) {
+		return f32p(op, name, t, n), func() {}
 	}
-	d := ptr(op, "out", out, backend.BFloat16, n)
+	h := ptr(op, name, t, backend.BFloat16, n)
 	b.mu.Lock()
 	s := b.scratchBytes(4 * n)
+	if read {
+		b.launch(op, "cast_bf16_to_f32", elemGrid(n), Dim3{elemBlock, 1, 1}, s, h, int64(n))
+	}
 	return s, func() {
 		defer b.mu.Unlock()
-		b.launch(op, "cast_f32_to_bf16", elemGrid(n), Dim3{elemBlock, 1, 1}, d, s, int64(n))
+		if write {
+			b.launch(op, "cast_f32_to_bf16", elemGrid(n), Dim3{elemBlock, 1, 1}, h, s, int64(n))
+		}
 	}
 }
 
@@ -260,7 +266,7 @@ func (b *Backend) RoPEForward(out, inp, cos, sin backend.Tensor, B, T, NH, HD in
 	const op = "RoPEForward"
 	ropeCheck(op, B, T, NH, HD)
 	n := B * T * NH * HD
-	po, done := b.f32Out(op, out, n)
+	po, done := b.f32View(op, "out", out, n, false, true)
 	defer done()
 	b.launch(op, "rope_fwd", elemGrid(n/2), Dim3{elemBlock, 1, 1}, po, f32p(op, "inp", inp, n),
 		f32p(op, "cos", cos, T*HD/2), f32p(op, "sin", sin, T*HD/2), int32(B), int32(T), int32(NH), int32(HD))
@@ -413,7 +419,7 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse backend.
 // SwiGLUForward computes out = silu(gate) * up (float32 or bfloat16 out).
 func (b *Backend) SwiGLUForward(out, gate, up backend.Tensor, n int) {
 	const op = "SwiGLUForward"
-	po, done := b.f32Out(op, out, n)
+	po, done := b.f32View(op, "out", out, n, false, true)
 	defer done()
 	b.launch(op, "swiglu_fwd", elemGrid(n), Dim3{elemBlock, 1, 1}, po, f32p(op, "gate", gate, n), f32p(op, "up", up, n), int64(n))
 }
@@ -449,27 +455,6 @@ func ceCheck(op string, V, vOff int) {
 	}
 }
 
-// ceLogits returns where a cross-entropy kernel reads (and, with write,
-// overwrites) the n float32 logits: logits itself when they are float32;
-// for bfloat16 ones, scratch memory holding their exact widening, which
-// done rounds back into them (nearest even, as the CPU backend) when
-// write is set. Call done after the launch.
-func (b *Backend) ceLogits(op string, logits backend.Tensor, n int, write bool) (p uintptr, done func()) {
-	if logits.Mem == nil || logits.DType() != backend.BFloat16 {
-		return f32p(op, "logits", logits, n), func() {}
-	}
-	h := ptr(op, "logits", logits, backend.BFloat16, n)
-	b.mu.Lock()
-	s := b.scratchBytes(4 * n)
-	b.launch(op, "cast_bf16_to_f32", elemGrid(n), Dim3{elemBlock, 1, 1}, s, h, int64(n))
-	return s, func() {
-		defer b.mu.Unlock()
-		if write {
-			b.launch(op, "cast_f32_to_bf16", elemGrid(n), Dim3{elemBlock, 1, 1}, h, s, int64(n))
-		}
-	}
-}
-
 // CrossEntropyChunk folds a vocabulary chunk (float32 or bfloat16
 // logits) into stats.
 func (b *Backend) CrossEntropyChunk(stats, logits, targets backend.Tensor, N, V, vOff int) {
@@ -478,7 +463,7 @@ func (b *Backend) CrossEntropyChunk(stats, logits, targets backend.Tensor, N, V,
 	if N == 0 {
 		return
 	}
-	pl, done := b.ceLogits(op, logits, N*V, false)
+	pl, done := b.f32View(op, "logits", logits, N*V, true, false)
 	defer done()
 	b.launch(op, "ce_chunk", Dim3{uint32(N), 1, 1}, Dim3{rowBlock, 1, 1}, f32p(op, "stats", stats, 3*N),
 		pl, i32p(op, "targets", targets, N), int32(N), int32(V), int32(vOff))
@@ -499,7 +484,7 @@ func (b *Backend) CrossEntropyChunkBackward(logits, stats, targets backend.Tenso
 	if N == 0 {
 		return
 	}
-	pl, done := b.ceLogits(op, logits, N*V, true)
+	pl, done := b.f32View(op, "logits", logits, N*V, true, true)
 	defer done()
 	b.launch(op, "ce_chunk_bwd", Dim3{uint32(N), 1, 1}, Dim3{rowBlock, 1, 1}, pl,
 		f32p(op, "stats", stats, 3*N), i32p(op, "targets", targets, N), int32(N), int32(V), int32(vOff), scale)
