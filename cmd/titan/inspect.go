@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sort"
 
+	"github.com/titan-go/titan/internal/bytesize"
 	"github.com/titan-go/titan/internal/checkpoint"
 	"github.com/titan-go/titan/internal/modelfile"
 )
@@ -134,15 +135,8 @@ func inspectCheckpoint(out io.Writer, arg string, verify bool) error {
 
 // humanBytes formats a byte count (negative: unknown).
 func humanBytes(n int64) string {
-	switch {
-	case n < 0:
+	if n < 0 {
 		return "? bytes"
-	case n < 1<<10:
-		return fmt.Sprintf("%d B", n)
-	case n < 1<<20:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	case n < 1<<30:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
 	}
-	return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	return bytesize.Human(n)
 }

@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/titan-go/titan/internal/randstream"
 )
 
 // ErrEmpty is wrapped by the errors reporting a dataset without documents or
@@ -181,7 +183,7 @@ func ShardOrder(seed uint64, epoch, n int) []int {
 	for i := range p {
 		p[i] = i
 	}
-	r := rand.NewPCG(splitmix64(seed), splitmix64(uint64(epoch)^0x5851f42d4c957f2d))
+	r := rand.NewPCG(randstream.SplitMix64(seed), randstream.SplitMix64(uint64(epoch)^0x5851f42d4c957f2d))
 	for i := n - 1; i > 0; i-- {
 		j := int(uniform(r, uint64(i+1)))
 		p[i], p[j] = p[j], p[i]
@@ -203,12 +205,6 @@ func uniform(r *rand.PCG, n uint64) uint64 {
 	return hi
 }
 
-func splitmix64(x uint64) uint64 {
-	x += 0x9e3779b97f4a7c15
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
-	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
-	return x ^ (x >> 31)
-}
 
 // HoldOut splits src by shard for validation: shard i (in natural order) is
 // held out when i%every == every-1, i.e. every every-th shard. With held

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/titan-go/titan/internal/bytesize"
 )
 
 // maxRanks bounds the search for the number of ranks a model needs.
@@ -23,10 +25,10 @@ func Check(r Report, available int64) error {
 		return nil
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "memplan: this run needs about %s per rank but only %s is available:\n", Human(r.Total()), Human(available))
+	fmt.Fprintf(&b, "memplan: this run needs about %s per rank but only %s is available:\n", bytesize.Human(r.Total()), bytesize.Human(available))
 	for _, p := range r.parts() {
 		if p.n > 0 {
-			fmt.Fprintf(&b, "  %-36s %s\n", p.name, Human(p.n))
+			fmt.Fprintf(&b, "  %-36s %s\n", p.name, bytesize.Human(p.n))
 		}
 	}
 	plan := r.Plan
@@ -46,14 +48,14 @@ func Check(r Report, available int64) error {
 		p := plan
 		p.Checkpoint = Checkpoint{Mode: "full"}
 		if full, err := Estimate(p); err == nil {
-			fmt.Fprintf(&b, "; activation checkpointing alone is not enough (--set activation_checkpoint.mode=full: about %s per rank)", Human(full.Total()))
+			fmt.Fprintf(&b, "; activation checkpointing alone is not enough (--set activation_checkpoint.mode=full: about %s per rank)", bytesize.Human(full.Total()))
 		}
 	}
 	g, ok := grow(plan, available, batchSizes(plan.Batch), []int{plan.Degrees.TP})
 	limit := maxRanks + 1 // fewest ranks found so far, +1
 	if ok {
 		limit = g.world
-		fmt.Fprintf(&b, ".\nneeds at least %d ranks of this size (%s each) with FSDP:\n  %s", g.world, Human(available), g.cand.text)
+		fmt.Fprintf(&b, ".\nneeds at least %d ranks of this size (%s each) with FSDP:\n  %s", g.world, bytesize.Human(available), g.cand.text)
 	}
 	if ok && g.plan.Batch != plan.Batch {
 		if k, kept := grow(plan, available, []int{plan.Batch}, []int{plan.Degrees.TP}); kept {
@@ -72,7 +74,7 @@ func Check(r Report, available int64) error {
 		if ok {
 			fmt.Fprintf(&b, "\nor %d ranks with tensor parallelism:\n  %s", t.world, t.cand.text)
 		} else {
-			fmt.Fprintf(&b, ".\nneeds at least %d ranks of this size (%s each) with tensor parallelism:\n  %s", t.world, Human(available), t.cand.text)
+			fmt.Fprintf(&b, ".\nneeds at least %d ranks of this size (%s each) with tensor parallelism:\n  %s", t.world, bytesize.Human(available), t.cand.text)
 		}
 		ok = true
 	}
@@ -91,11 +93,11 @@ func Check(r Report, available int64) error {
 // fixed describes the parts of r's estimate that more FSDP ranks do not
 // shrink.
 func fixed(r Report) string {
-	s := fmt.Sprintf("the activations (%s) and FSDP unit buffers (%s, whole units gathered for compute and for their gradients)", Human(r.Activations), Human(r.FSDPBuffers))
+	s := fmt.Sprintf("the activations (%s) and FSDP unit buffers (%s, whole units gathered for compute and for their gradients)", bytesize.Human(r.Activations), bytesize.Human(r.FSDPBuffers))
 	if r.Comm > 0 {
-		s += fmt.Sprintf(" and communication buffers (%s)", Human(r.Comm))
+		s += fmt.Sprintf(" and communication buffers (%s)", bytesize.Human(r.Comm))
 	}
-	return s + fmt.Sprintf(" alone take %s per rank", Human(r.Activations+r.FSDPBuffers+r.Comm))
+	return s + fmt.Sprintf(" alone take %s per rank", bytesize.Human(r.Activations+r.FSDPBuffers+r.Comm))
 }
 
 // checkpoints are the activation checkpointing policies the suggestions
@@ -296,7 +298,7 @@ func try(base, p Plan, available int64) (candidate, bool) {
 	if text == "" {
 		text = "the current settings"
 	}
-	return candidate{plan: p, total: r.Total(), changes: len(sets), text: fmt.Sprintf("%s (about %s per rank)", text, Human(r.Total()))}, true
+	return candidate{plan: p, total: r.Total(), changes: len(sets), text: fmt.Sprintf("%s (about %s per rank)", text, bytesize.Human(r.Total()))}, true
 }
 
 // divisors returns the divisors of n in increasing order.

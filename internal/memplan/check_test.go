@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/titan-go/titan/internal/bytesize"
 	"github.com/titan-go/titan/internal/config"
 	"github.com/titan-go/titan/internal/model/llama"
 )
@@ -174,7 +175,7 @@ func TestEstimateIsCheap(t *testing.T) {
 	}
 	runtime.ReadMemStats(&after)
 	if per := (after.TotalAlloc - before.TotalAlloc) / runs; per > 4<<20 {
-		t.Errorf("one 70B estimate allocates %s, want under 4 MiB", Human(int64(per)))
+		t.Errorf("one 70B estimate allocates %s, want under 4 MiB", bytesize.Human(int64(per)))
 	}
 	r := recipeReport(t, "llama3_8b.toml", nil, 1)
 	start := time.Now()

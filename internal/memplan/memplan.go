@@ -23,6 +23,7 @@ import (
 	"sync"
 
 	"github.com/titan-go/titan/internal/backend"
+	"github.com/titan-go/titan/internal/bytesize"
 	"github.com/titan-go/titan/internal/config"
 	"github.com/titan-go/titan/internal/float8"
 	"github.com/titan-go/titan/internal/model"
@@ -314,25 +315,10 @@ func (r Report) String() string {
 	fmt.Fprintf(&b, "memory per rank of llama3 %s (batch %d × seq %d, %s, activation checkpointing %s):\n",
 		name, r.Plan.Batch, r.Plan.SeqLen, r.Plan.Degrees, r.Plan.Checkpoint)
 	for _, p := range r.parts() {
-		fmt.Fprintf(&b, "  %-36s %s\n", p.name, Human(p.n))
+		fmt.Fprintf(&b, "  %-36s %s\n", p.name, bytesize.Human(p.n))
 	}
-	fmt.Fprintf(&b, "  %-36s %s", "total", Human(r.Total()))
+	fmt.Fprintf(&b, "  %-36s %s", "total", bytesize.Human(r.Total()))
 	return b.String()
-}
-
-// Human writes a byte count in binary units.
-func Human(n int64) string {
-	switch {
-	case n >= 1<<40:
-		return fmt.Sprintf("%.2f TiB", float64(n)/(1<<40))
-	case n >= 1<<30:
-		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
 }
 
 // ceilDiv is ⌈a/b⌉.

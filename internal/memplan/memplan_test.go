@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/titan-go/titan/internal/bytesize"
 	"github.com/titan-go/titan/internal/config"
 	"github.com/titan-go/titan/internal/model/llama"
 )
@@ -78,7 +79,7 @@ func TestActivationsMatchModel(t *testing.T) {
 				}
 				got := estimate(t, Plan{Model: c, Batch: tc.B, SeqLen: tc.T, Checkpoint: ac}).Activations
 				if got != want {
-					t.Errorf("activations %d bytes (%s), the model plans %d", got, Human(got), want)
+					t.Errorf("activations %d bytes (%s), the model plans %d", got, bytesize.Human(got), want)
 				}
 			})
 		}
@@ -129,7 +130,7 @@ func TestParallelDegreesShrink(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := estimate(t, Plan{Model: c, Batch: 2, SeqLen: 8192, MicrobatchRows: 1, Degrees: tc.d})
 			if got, was := tc.parts(r), tc.parts(base); got >= was {
-				t.Errorf("%s: %s, not below %s on one rank", tc.d, Human(got), Human(was))
+				t.Errorf("%s: %s, not below %s on one rank", tc.d, bytesize.Human(got), bytesize.Human(was))
 			}
 			if r.Comm <= 0 {
 				t.Errorf("%s: no communication buffers", tc.d)
@@ -205,7 +206,7 @@ func TestSuggestionsFit(t *testing.T) {
 			best = min(best, estimate(t, Plan{Model: c, Batch: 1, SeqLen: 8192, Degrees: Degrees{DPShard: tc.ranks}, Checkpoint: ac}).Total())
 		}
 		if (tc.ranks > 1 && best <= 24*gib) != tc.fits {
-			t.Errorf("%d ranks: best estimate %s, fits %v, want %v", tc.ranks, Human(best), best <= 24*gib, tc.fits)
+			t.Errorf("%d ranks: best estimate %s, fits %v, want %v", tc.ranks, bytesize.Human(best), best <= 24*gib, tc.fits)
 		}
 	}
 }
@@ -328,7 +329,7 @@ func repeat(x float64, n int) []float64 {
 func TestReportString(t *testing.T) {
 	r := estimate(t, Plan{Model: flavor(t, "debug"), Flavor: "debug", Batch: 8, SeqLen: 256, Degrees: Degrees{DPShard: 2}})
 	s := r.String()
-	for _, w := range []string{"debug", "parameters", "gradients", "optimizer", "FSDP", "activations", "total", Human(r.Total())} {
+	for _, w := range []string{"debug", "parameters", "gradients", "optimizer", "FSDP", "activations", "total", bytesize.Human(r.Total())} {
 		if !strings.Contains(s, w) {
 			t.Errorf("String() lacks %q:\n%s", w, s)
 		}

@@ -19,6 +19,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/titan-go/titan/internal/bytesize"
 )
 
 // SampleEvery is the sampling period during a step.
@@ -166,7 +168,7 @@ func (s Snapshot) WriteSVG(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" font-family="sans-serif" font-size="12">`+"\n", W, H)
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/><text x="10" y="22" font-size="15" font-weight="bold">%s</text>`+"\n",
-		html.EscapeString(fmt.Sprintf("titan: memory of rank %d (%s), step %d (%s); peak %s accounted, %s resident", s.Rank, s.Host, s.Step, s.Reason, human(s.Accounted), human(s.PeakRSS))))
+		html.EscapeString(fmt.Sprintf("titan: memory of rank %d (%s), step %d (%s); peak %s accounted, %s resident", s.Rank, s.Host, s.Step, s.Reason, bytesize.Human(s.Accounted), bytesize.Human(s.PeakRSS))))
 	layers := []struct {
 		name, col string
 		at        func(Sample) int64
@@ -217,25 +219,13 @@ func (s Snapshot) WriteSVG(w io.Writer) error {
 	fmt.Fprintf(&b, `<line x1="%.0f" x2="%.0f" y1="%.0f" y2="%.0f" stroke="#1a202c"/>`+"\n", left, left, top, H-bottom)
 	for i := 0; i <= 5; i++ {
 		v := hi * float64(i) / 5
-		fmt.Fprintf(&b, `<text x="%.0f" y="%.1f" text-anchor="end">%s</text>`+"\n", left-5, y(v)+4, human(int64(v)))
+		fmt.Fprintf(&b, `<text x="%.0f" y="%.1f" text-anchor="end">%s</text>`+"\n", left-5, y(v)+4, bytesize.Human(int64(v)))
 		ms := dur * float64(i) / 5
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.0f" text-anchor="middle">%.1f ms</text>`+"\n", x(ms), H-bottom+18, ms)
 	}
 	b.WriteString("</svg>\n")
 	_, err := io.WriteString(w, b.String())
 	return err
-}
-
-func human(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
 }
 
 // WatchEvery is the sampling period of a Watch, and WatchKeep how many of

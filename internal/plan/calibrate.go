@@ -16,6 +16,7 @@ import (
 
 	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/backend/cpu"
+	"github.com/titan-go/titan/internal/bytesize"
 	"github.com/titan-go/titan/internal/cluster"
 	"github.com/titan-go/titan/internal/config"
 	"github.com/titan-go/titan/internal/memplan"
@@ -110,7 +111,7 @@ func CalibrateCPU(ctx context.Context, c cluster.Cluster, o CalibrateOptions) (C
 		return cal, err
 	}
 	cal.MemoryFactor, cal.MemoryBase = factor, base
-	logf("process memory: %.3f × memplan's estimate + %s", factor, memplan.Human(int64(base)))
+	logf("process memory: %.3f × memplan's estimate + %s", factor, bytesize.Human(int64(base)))
 	inStep, predicted, measured, err := measureInStep(ctx, o.Exe, c, cal)
 	if err != nil {
 		return cal, err
@@ -444,7 +445,7 @@ func measureMemory(ctx context.Context, exe string) (factor, base float64, err e
 	factor = (peak[1] - peak[0]) / (est[1] - est[0])
 	base = peak[0] - factor*est[0]
 	if !(factor > 0) || base < 0 {
-		return 0, 0, fmt.Errorf("plan: calibrate: memory probes peaked at %s and %s for estimates of %s and %s: no fit", memplan.Human(int64(peak[0])), memplan.Human(int64(peak[1])), memplan.Human(int64(est[0])), memplan.Human(int64(est[1])))
+		return 0, 0, fmt.Errorf("plan: calibrate: memory probes peaked at %s and %s for estimates of %s and %s: no fit", bytesize.Human(int64(peak[0])), bytesize.Human(int64(peak[1])), bytesize.Human(int64(est[0])), bytesize.Human(int64(est[1])))
 	}
 	return factor, base, nil
 }

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/titan-go/titan/internal/memplan"
+	"github.com/titan-go/titan/internal/bytesize"
 )
 
 // JSONPrediction is a prediction as --json writes it.
@@ -94,21 +94,21 @@ func WriteTable(w io.Writer, p Prediction, cal Calibration) {
 		n string
 		v int64
 	}{{"parameters", m.Params}, {"gradients", m.Grads}, {"optimizer state", m.Optimizer}, {"FSDP unit buffers", m.FSDPBuffers}, {"activations", m.Activations}, {"communication buffers", m.Comm}, {"memplan total", m.Total()}} {
-		fmt.Fprintf(w, "  %-36s %12s\n", x.n, memplan.Human(x.v))
+		fmt.Fprintf(w, "  %-36s %12s\n", x.n, bytesize.Human(x.v))
 	}
 	for _, x := range []struct {
 		n string
 		v float64
 	}{{"+ PyTorch loss (float32 copies)", p.LossBytes}, {"+ PyTorch pipeline gradients", p.PipelineGradBytes}} {
 		if x.v > 0 {
-			fmt.Fprintf(w, "  %-36s %12s\n", x.n, memplan.Human(int64(x.v)))
+			fmt.Fprintf(w, "  %-36s %12s\n", x.n, bytesize.Human(int64(x.v)))
 		}
 	}
 	fits := "fits"
 	if !p.Fits() {
 		fits = "DOES NOT FIT"
 	}
-	fmt.Fprintf(w, "  %-36s %12s  of %s: %s\n", fmt.Sprintf("device (×%.3g + %s)", cal.MemoryFactor, memplan.Human(int64(cal.MemoryBase))), memplan.Human(int64(p.MemoryBytes)), memplan.Human(int64(p.Capacity)), fits)
+	fmt.Fprintf(w, "  %-36s %12s  of %s: %s\n", fmt.Sprintf("device (×%.3g + %s)", cal.MemoryFactor, bytesize.Human(int64(cal.MemoryBase))), bytesize.Human(int64(p.MemoryBytes)), bytesize.Human(int64(p.Capacity)), fits)
 	fmt.Fprintf(w, "step time (busiest rank)\n")
 	for _, x := range p.Step.parts() {
 		if x.Seconds == 0 {
@@ -140,7 +140,7 @@ func WriteSearch(w io.Writer, r SearchResult, cal Calibration) {
 	for i, c := range r.Top {
 		p := c.Prediction
 		fmt.Fprintf(tw, "%d\t%s\t%.4g\t%.1f%%\t%s\t%s\t%.1f%%\t%s\n", i+1, p.Job.Layout, p.TokensPerDevice, 100*p.MFU,
-			memplan.Human(int64(p.MemoryBytes)), seconds(p.Step.Step), 100*p.BubbleFraction, c.Why)
+			bytesize.Human(int64(p.MemoryBytes)), seconds(p.Step.Step), 100*p.BubbleFraction, c.Why)
 	}
 	if g := r.Given.Prediction; g.Step.Step > 0 {
 		rank := "does not fit"
@@ -148,7 +148,7 @@ func WriteSearch(w io.Writer, r SearchResult, cal Calibration) {
 			rank = fmt.Sprintf("#%d", r.GivenRank)
 		}
 		fmt.Fprintf(tw, "given\t%s\t%.4g\t%.1f%%\t%s\t%s\t%.1f%%\t%s: %s\n", g.Job.Layout, g.TokensPerDevice, 100*g.MFU,
-			memplan.Human(int64(g.MemoryBytes)), seconds(g.Step.Step), 100*g.BubbleFraction, rank, r.Given.Why)
+			bytesize.Human(int64(g.MemoryBytes)), seconds(g.Step.Step), 100*g.BubbleFraction, rank, r.Given.Why)
 	}
 	tw.Flush()
 }

@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/titan-go/titan/internal/bytesize"
 	"github.com/titan-go/titan/internal/cluster"
 	"github.com/titan-go/titan/internal/memplan"
 	"github.com/titan-go/titan/internal/model/llama"
@@ -111,7 +112,7 @@ func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (Sear
 	}
 	res.Fit = len(fits)
 	if len(fits) == 0 {
-		return res, fmt.Errorf("plan: no layout of %s on %d ranks of %s fits in %s per device (tried %d)", base.Flavor, world, c.Name, memplan.Human(int64(c.Device.MemoryBytes)), res.Tried)
+		return res, fmt.Errorf("plan: no layout of %s on %d ranks of %s fits in %s per device (tried %d)", base.Flavor, world, c.Name, bytesize.Human(int64(c.Device.MemoryBytes)), res.Tried)
 	}
 	sort.SliceStable(fits, func(i, j int) bool { return fits[i].TokensPerDevice > fits[j].TokensPerDevice })
 	if g, err := Predict(base, c, cal); err == nil {

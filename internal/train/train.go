@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/titan-go/titan/internal/backend"
+	"github.com/titan-go/titan/internal/bytesize"
 	"github.com/titan-go/titan/internal/comm"
 	"github.com/titan-go/titan/internal/config"
 	"github.com/titan-go/titan/internal/data"
@@ -361,7 +362,7 @@ func (tr *Trainer) checkMemory() error {
 	shard := max(tr.mesh.DPShard*tr.mesh.CP, 1)
 	state := numParams(tr.fam) * 16 / int64(shard) / int64(tr.mesh.PP)
 	if state > avail {
-		return fmt.Errorf("memplan: the %s model's parameters, gradients and optimizer state need about %s per rank but only %s is available; shard them over more ranks (parallelism.data_parallel_shard_degree)", tr.fam.Name(), memplan.Human(state), memplan.Human(avail))
+		return fmt.Errorf("memplan: the %s model's parameters, gradients and optimizer state need about %s per rank but only %s is available; shard them over more ranks (parallelism.data_parallel_shard_degree)", tr.fam.Name(), bytesize.Human(state), bytesize.Human(avail))
 	}
 	return nil
 }

@@ -66,72 +66,56 @@ func checkView(op, name string, t backend.Tensor, dtype backend.DType) {
 	}
 }
 
-// f32 returns the elements of the float32 tensor t. op and name identify
-// the operation and argument in the panic raised for any other dtype.
+// view returns the elements of t, a tensor of dtype held as []T by the
+// cpu backend. op and name identify the operation and argument in the
+// panic raised for any other dtype or memory.
+func view[T float32 | uint16 | int32](op, name string, t backend.Tensor, dtype backend.DType) []T {
+	checkView(op, name, t, dtype)
+	if t.Mem == nil {
+		return nil
+	}
+	h, ok := t.Mem.Host.([]T)
+	if !ok {
+		panic(fmt.Sprintf("cpu: %s: %s is %s memory not owned by the cpu backend (Host is %T)", op, name, dtype, t.Mem.Host))
+	}
+	return h[t.Off : t.Off+t.Len : t.Off+t.Len]
+}
+
+// viewN is view of the first n elements, panicking if t holds fewer.
+func viewN[T float32 | uint16 | int32](op, name string, t backend.Tensor, dtype backend.DType, n int) []T {
+	x := view[T](op, name, t, dtype)
+	if n < 0 || len(x) < n {
+		panic(fmt.Sprintf("cpu: %s: %s has %d elements, need %d", op, name, len(x), n))
+	}
+	return x[:n:n]
+}
+
+// f32 returns the elements of the float32 tensor t.
 func f32(op, name string, t backend.Tensor) []float32 {
-	checkView(op, name, t, backend.Float32)
-	if t.Mem == nil {
-		return nil
-	}
-	h, ok := t.Mem.Host.([]float32)
-	if !ok {
-		panic(fmt.Sprintf("cpu: %s: %s is float32 memory not owned by the cpu backend (Host is %T)", op, name, t.Mem.Host))
-	}
-	return h[t.Off : t.Off+t.Len : t.Off+t.Len]
+	return view[float32](op, name, t, backend.Float32)
 }
 
-// i32 is f32 for int32 tensors.
-func i32(op, name string, t backend.Tensor) []int32 {
-	checkView(op, name, t, backend.Int32)
-	if t.Mem == nil {
-		return nil
-	}
-	h, ok := t.Mem.Host.([]int32)
-	if !ok {
-		panic(fmt.Sprintf("cpu: %s: %s is int32 memory not owned by the cpu backend (Host is %T)", op, name, t.Mem.Host))
-	}
-	return h[t.Off : t.Off+t.Len : t.Off+t.Len]
-}
-
-// u16 is f32 for bfloat16 tensors, returning their bit patterns.
+// u16 returns the bit patterns of the bfloat16 tensor t.
 func u16(op, name string, t backend.Tensor) []uint16 {
-	checkView(op, name, t, backend.BFloat16)
-	if t.Mem == nil {
-		return nil
-	}
-	h, ok := t.Mem.Host.([]uint16)
-	if !ok {
-		panic(fmt.Sprintf("cpu: %s: %s is bfloat16 memory not owned by the cpu backend (Host is %T)", op, name, t.Mem.Host))
-	}
-	return h[t.Off : t.Off+t.Len : t.Off+t.Len]
+	return view[uint16](op, name, t, backend.BFloat16)
 }
 
-// f32n returns the first n elements of the float32 tensor t, panicking if
-// it holds fewer.
+// i32 returns the elements of the int32 tensor t.
+func i32(op, name string, t backend.Tensor) []int32 { return view[int32](op, name, t, backend.Int32) }
+
+// f32n returns the first n elements of the float32 tensor t.
 func f32n(op, name string, t backend.Tensor, n int) []float32 {
-	x := f32(op, name, t)
-	if n < 0 || len(x) < n {
-		panic(fmt.Sprintf("cpu: %s: %s has %d elements, need %d", op, name, len(x), n))
-	}
-	return x[:n:n]
+	return viewN[float32](op, name, t, backend.Float32, n)
 }
 
-// u16n is f32n for bfloat16 tensors.
+// u16n returns the first n bit patterns of the bfloat16 tensor t.
 func u16n(op, name string, t backend.Tensor, n int) []uint16 {
-	x := u16(op, name, t)
-	if n < 0 || len(x) < n {
-		panic(fmt.Sprintf("cpu: %s: %s has %d elements, need %d", op, name, len(x), n))
-	}
-	return x[:n:n]
+	return viewN[uint16](op, name, t, backend.BFloat16, n)
 }
 
-// i32n is f32n for int32 tensors.
+// i32n returns the first n elements of the int32 tensor t.
 func i32n(op, name string, t backend.Tensor, n int) []int32 {
-	x := i32(op, name, t)
-	if n < 0 || len(x) < n {
-		panic(fmt.Sprintf("cpu: %s: %s has %d elements, need %d", op, name, len(x), n))
-	}
-	return x[:n:n]
+	return viewN[int32](op, name, t, backend.Int32, n)
 }
 
 // Upload copies src, a []float32, []int32 or (bfloat16 bit patterns)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/model"
+	"github.com/titan-go/titan/internal/randstream"
 )
 
 // LayerParams are the views of one block's parameters (or of their
@@ -204,7 +205,7 @@ func InitParams(cfg Config, seed uint64, dst []float32, offset int) {
 		}
 		out := dst[lo-offset : hi-offset]
 		first := lo - p.Offset
-		key := hashString(p.Name) ^ seed*0x9e3779b97f4a7c15
+		key := randstream.Key(p.Name, seed)
 		kind := p.Name
 		if strings.HasPrefix(kind, "layers.") {
 			kind = kind[strings.Index(kind[len("layers."):], ".")+len("layers.")+1:]
@@ -217,7 +218,7 @@ func InitParams(cfg Config, seed uint64, dst []float32, offset int) {
 		}
 		normal := func(std float64) {
 			for i := range out {
-				out[i] = float32(std * gaussian(key, uint64(first+i)))
+				out[i] = float32(std * randstream.Gaussian(key, uint64(first+i)))
 			}
 		}
 		switch {
@@ -233,7 +234,7 @@ func InitParams(cfg Config, seed uint64, dst []float32, offset int) {
 		case strings.HasPrefix(kind, "mixer.short_filter."):
 			bound := 1 / math.Sqrt(float64(cfg.ShortFilterOrder))
 			for i := range out {
-				out[i] = float32(bound * (2*uniform(key, uint64(first+i)) - 1))
+				out[i] = float32(bound * (2*randstream.Uniform(key, uint64(first+i)) - 1))
 			}
 		case strings.HasSuffix(kind, "norm1.weight"), strings.HasSuffix(kind, "norm2.weight"), kind == "ln_f.weight":
 			fill(1)
@@ -247,35 +248,6 @@ func InitParams(cfg Config, seed uint64, dst []float32, offset int) {
 	}
 }
 
-// gaussian is element idx of a stream of N(0, 1) values: a counter-based
-// generator, so any element can be computed alone.
-func gaussian(key, idx uint64) float64 {
-	h := splitmix(key ^ splitmix(idx))
-	u1 := (float64(h>>11) + 0.5) / (1 << 53)
-	u2 := float64(splitmix(h)>>11) / (1 << 53)
-	return math.Sqrt(-2*math.Log(u1)) * math.Cos(2*math.Pi*u2)
-}
-
-// uniform is element idx of a stream of values uniform in [0, 1).
-func uniform(key, idx uint64) float64 {
-	return float64(splitmix(key^splitmix(idx^0x5bd1e995))>>11) / (1 << 53)
-}
-
-func splitmix(x uint64) uint64 {
-	x += 0x9e3779b97f4a7c15
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
-	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
-	return x ^ (x >> 31)
-}
-
-func hashString(s string) uint64 {
-	h := uint64(1469598103934665603)
-	for i := 0; i < len(s); i++ {
-		h ^= uint64(s[i])
-		h *= 1099511628211
-	}
-	return h
-}
 
 // View lays the whole model's parameter (or gradient) views over its
 // flat buffer flat (Layout order).

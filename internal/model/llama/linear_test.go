@@ -12,6 +12,7 @@ import (
 	"github.com/titan-go/titan/internal/float8"
 	"github.com/titan-go/titan/internal/model"
 	"github.com/titan-go/titan/internal/numeric"
+	"github.com/titan-go/titan/internal/randstream"
 )
 
 // castSpec is a float8 cast of a recipe: to e5m2 (else e4m3), scaled by
@@ -359,7 +360,7 @@ func newTestRand(seed uint64) *testRand { return &testRand{seed*0x9e3779b97f4a7c
 func (r *testRand) vec(n int, scale float32) []float32 {
 	out := make([]float32, n)
 	for i := range out {
-		r.s = splitmix(r.s)
+		r.s = randstream.SplitMix64(r.s)
 		out[i] = scale * (float32(r.s>>40)/float32(1<<24)*2 - 1)
 	}
 	return out

@@ -7,6 +7,7 @@ import (
 	"github.com/titan-go/titan/internal/backend"
 	"github.com/titan-go/titan/internal/model"
 	"github.com/titan-go/titan/internal/numeric"
+	"github.com/titan-go/titan/internal/randstream"
 )
 
 // LayerParams are the views of one transformer block's parameters (or of
@@ -1036,7 +1037,7 @@ func initParams(lay []Param, seed uint64, dst []float32, offset int) {
 		}
 		out := dst[lo-offset : hi-offset]
 		first := lo - p.Offset
-		key := hashString(p.Name) ^ seed*0x9e3779b97f4a7c15
+		key := randstream.Key(p.Name, seed)
 		std, cut := 0.02, 2.0
 		var layer int
 		kind := p.Name
@@ -1058,38 +1059,8 @@ func initParams(lay []Param, seed uint64, dst []float32, offset int) {
 			std = 0.02 / math.Sqrt(2*float64(layer+1))
 		}
 		for i := range out {
-			out[i] = float32(truncNormal(key, uint64(first+i), std, cut))
+			out[i] = float32(randstream.TruncGaussian(key, uint64(first+i), std, cut))
 		}
 	}
 }
 
-// truncNormal is element idx of a stream of N(0, std²) values truncated
-// to [-cut, cut] by resampling; a counter-based generator, so any element
-// can be computed alone.
-func truncNormal(key, idx uint64, std, cut float64) float64 {
-	for attempt := uint64(0); ; attempt++ {
-		h := splitmix(key ^ splitmix(idx*4+attempt))
-		u1 := (float64(h>>11) + 0.5) / (1 << 53)
-		u2 := float64(splitmix(h)>>11) / (1 << 53)
-		z := std * math.Sqrt(-2*math.Log(u1)) * math.Cos(2*math.Pi*u2)
-		if math.Abs(z) <= cut {
-			return z
-		}
-	}
-}
-
-func splitmix(x uint64) uint64 {
-	x += 0x9e3779b97f4a7c15
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
-	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
-	return x ^ (x >> 31)
-}
-
-func hashString(s string) uint64 {
-	h := uint64(1469598103934665603)
-	for i := 0; i < len(s); i++ {
-		h ^= uint64(s[i])
-		h *= 1099511628211
-	}
-	return h
-}
