@@ -205,7 +205,6 @@ func uniform(r *rand.PCG, n uint64) uint64 {
 	return hi
 }
 
-
 // HoldOut splits src by shard for validation: shard i (in natural order) is
 // held out when i%every == every-1, i.e. every every-th shard. With held
 // false the returned Source has the remaining shards (the training split),

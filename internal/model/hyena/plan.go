@@ -248,7 +248,6 @@ func InitParams(cfg Config, seed uint64, dst []float32, offset int) {
 	}
 }
 
-
 // View lays the whole model's parameter (or gradient) views over its
 // flat buffer flat (Layout order).
 func View(cfg Config, flat backend.Tensor) Params {

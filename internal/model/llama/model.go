@@ -1063,4 +1063,3 @@ func initParams(lay []Param, seed uint64, dst []float32, offset int) {
 		}
 	}
 }
-
