@@ -18,7 +18,7 @@ const thisMachine = "this"
 
 func newPlanCmd() *cobra.Command {
 	var rf recipeFlags
-	var clusterRef, calPath string
+	var clusterRef, calPath, plotPath string
 	var world, top, maxCP, maxTP int
 	var calNProcs []int
 	var asJSON, search, calibrate, reference, compile, float8, asyncTP bool
@@ -47,17 +47,26 @@ batch, and ranks the layouts that fit by predicted tokens/s.`,
   titan plan --recipe recipes/llama3_debug.toml --cluster this --world 2 --set parallelism.tensor_parallel_degree=2
   titan plan --recipe recipes/llama3_8b.toml --cluster h100-sxm --world 8
   titan plan --recipe recipes/llama3_70b.toml --cluster h100-grandteton --world 256 --compile --float8 --search
-  titan plan --reference`,
+  titan plan --reference
+  titan plan --reference --plot bench/plan/published.png`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			out := cmd.OutOrStdout()
 			if calibrate {
 				return runCalibrate(cmd, clusterRef, calPath, calNProcs)
 			}
+			if plotPath != "" && !reference {
+				return errors.New("plan: --plot draws the published rows and goes with --reference")
+			}
 			if reference {
 				rs, cal, err := plan.CompareReference()
 				if err != nil {
 					return err
+				}
+				if plotPath != "" {
+					if err := writeReferencePlot(plotPath, rs); err != nil {
+						return err
+					}
 				}
 				if asJSON {
 					return plan.WriteJSON(out, rs)
@@ -123,6 +132,7 @@ batch, and ranks the layouts that fit by predicted tokens/s.`,
 	f.BoolVar(&calibrate, "calibrate", false, "benchmark this machine's kernels and collectives and write the calibration")
 	f.IntSliceVar(&calNProcs, "calibrate-nproc", []int{2, 4}, "process counts --calibrate measures the collectives (and ring attention at that cp) of")
 	f.BoolVar(&reference, "reference", false, "predict torchtitan's published H100 rows from the calibration row and compare")
+	f.StringVar(&plotPath, "plot", "", "with --reference: also draw predicted against published (tokens/s and memory) into this PNG file")
 	f.BoolVar(&compile, "compile", false, "GPU: fused element-wise kernels (torch.compile)")
 	f.BoolVar(&float8, "float8", false, "GPU: float8 linear layers")
 	f.BoolVar(&asyncTP, "async-tp", false, "GPU: async tensor parallelism (also parallelism.enable_async_tensor_parallel)")
@@ -209,5 +219,27 @@ func runCalibrate(cmd *cobra.Command, ref, calPath string, nprocs []int) error {
 		return err
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "calibration of %s written to %s\n", c.Name, path)
+	return nil
+}
+
+// writeReferencePlot writes the published rows' plot to path (through a
+// temporary file, renamed into place once complete).
+func writeReferencePlot(path string, rs []plan.RowResult) error {
+	tmp := path + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return fmt.Errorf("plan: --plot: %w", err)
+	}
+	err = plan.WriteReferencePlot(f, rs)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("plan: --plot %s: %w", path, err)
+	}
 	return nil
 }

@@ -27,6 +27,9 @@ type Series struct {
 	Color color.RGBA
 	// Dashed draws the line dashed.
 	Dashed bool
+	// Points draws the points as markers alone, without a line: a
+	// scatter.
+	Points bool
 }
 
 // Chart is a line chart with logarithmic axes, or linear ones where
@@ -379,6 +382,12 @@ func (p Chart) Render() (*image.RGBA, error) {
 			dash = 10
 		}
 		var phase float64
+		if s.Points {
+			for i := range s.X {
+				marker(c, int(math.Round(px(s.X[i]))), int(math.Round(py(s.Y[i]))), s.Color)
+			}
+			continue
+		}
 		for i := 1; i < len(s.X); i++ {
 			c.line(px(s.X[i-1]), py(s.Y[i-1]), px(s.X[i]), py(s.Y[i]), 3, s.Color, dash, &phase)
 		}
@@ -401,7 +410,11 @@ func (p Chart) Render() (*image.RGBA, error) {
 		if e.s.Dashed {
 			dash = 10
 		}
-		c.line(float64(x1+16), float64(ly+glyphH*scale/2), float64(x1+56), float64(ly+glyphH*scale/2), 3, e.s.Color, dash, &phase)
+		if e.s.Points {
+			marker(c, x1+36, ly+glyphH*scale/2, e.s.Color)
+		} else {
+			c.line(float64(x1+16), float64(ly+glyphH*scale/2), float64(x1+56), float64(ly+glyphH*scale/2), 3, e.s.Color, dash, &phase)
+		}
 		for _, l := range e.lines {
 			c.text(x1+64, ly, l, scale, black)
 			ly += lineH
@@ -414,6 +427,13 @@ func (p Chart) Render() (*image.RGBA, error) {
 		ly += lineH
 	}
 	return img, nil
+}
+
+// marker draws a scatter point at (x, y): a filled square with a dark
+// rim, so that overlapping points stay apart.
+func marker(c canvas, x, y int, col color.RGBA) {
+	c.rect(x-6, y-6, x+7, y+7, black)
+	c.rect(x-4, y-4, x+5, y+5, col)
 }
 
 // wrap splits s into lines of at most n runes at spaces (a longer word

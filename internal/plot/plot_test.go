@@ -169,3 +169,33 @@ func TestBars(t *testing.T) {
 		}
 	}
 }
+
+// TestPoints: a Points series draws a marker at each point and no line
+// between them: its color covers the two markers and the legend's (9×9
+// pixels each), where the same series as a line covers hundreds more.
+func TestPoints(t *testing.T) {
+	greens := func(points bool) int {
+		c := Chart{Title: "scatter", XLabel: "x", YLabel: "y", Width: 800, Height: 500,
+			Series: []Series{{Label: "points", X: []float64{1, 100}, Y: []float64{1, 100}, Color: Palette[1], Points: points}}}
+		img, err := c.Render()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for y := 0; y < 500; y++ {
+			for x := 0; x < 800; x++ {
+				if p := img.RGBAAt(x, y); p.R == Palette[1].R && p.G == Palette[1].G && p.B == Palette[1].B {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	pts, line := greens(true), greens(false)
+	if pts != 3*9*9 {
+		t.Errorf("points: %d pixels of the series' color, want the three markers' %d", pts, 3*9*9)
+	}
+	if line < pts+500 {
+		t.Errorf("line: %d pixels of the series' color, want hundreds more than the markers' %d", line, pts)
+	}
+}
