@@ -10,7 +10,8 @@
 #   -s STEPS   training steps per run (default 16, logged every 4; the
 #              last two windows are averaged, the first is warm-up)
 #   -r ROUNDS  runs per layout (default 1); the median is reported
-# Prints a markdown table; raw numbers go to bench/plan/results.jsonl.
+# Prints a markdown table; raw numbers go to bench/plan/results.jsonl, and
+# the run as a plot to bench/plan/this_machine.png (bench/plan/plotmeasured).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 steps=16 rounds=1 cal=0
@@ -98,3 +99,6 @@ for l in sys.argv[3:]:
     pt, pm = r["predicted_tps_per_proc"], r["predicted_mem_gib"]
     print(f"| {l} | {r['nproc']} | {pt:.0f} | {mt:.0f} | {100*(pt/mt-1):+.1f}% | {1024*pm:.0f} | {1024*mm:.0f} | {100*(pm/mm-1):+.1f}% |")
 PY
+# The run as a plot: each layout's prediction error against its measured
+# median, numbered, in bench/plan/this_machine.png.
+${GO:-go} run ./bench/plan/plotmeasured -results "$out" -run "$run" -out bench/plan/this_machine.png

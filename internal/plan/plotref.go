@@ -12,73 +12,101 @@ import (
 	"github.com/titan-go/titan/internal/plot"
 )
 
-// ReferenceTarget is the relative error the published rows are held to.
+// ReferenceTarget is the relative error predictions are held to, against
+// torchtitan's published rows and against titan's own measurements.
 const ReferenceTarget = 0.15
 
-// WriteReferencePlot draws rs as two scatter panels side by side —
-// tokens/s per GPU and memory per GPU, each row's prediction error (in %
-// of the published figure) against the published figure, with the ±15 %
-// target band — with the rows outside the band named under the legend,
-// and writes the PNG to w.
-func WriteReferencePlot(w io.Writer, rs []RowResult) error {
-	if len(rs) == 0 {
-		return fmt.Errorf("plan: no published rows to plot")
+// ErrorPanel is one panel of an error plot: predictions against the
+// figures they predict (published or measured), in one unit.
+type ErrorPanel struct {
+	// Title heads the panel; Unit names the figures ("GiB"); Against
+	// names what the predictions are compared with ("published").
+	Title, Unit, Against string
+	Points               []ErrorPoint
+}
+
+// ErrorPoint is one row of an ErrorPanel.
+type ErrorPoint struct {
+	Name                 string
+	Reference, Predicted float64
+	// Calibration marks the row the calibration was made from.
+	Calibration bool
+}
+
+// WriteErrorPlot draws the panels side by side, each row's prediction
+// error (in % of its reference figure) against the reference figure,
+// with the ±ReferenceTarget band, each marker numbered and the rows
+// listed by number beside the panel, and writes the PNG to w.
+func WriteErrorPlot(w io.Writer, panels []ErrorPanel) error {
+	if len(panels) == 0 {
+		return fmt.Errorf("plan: an error plot of no panels")
 	}
-	tps := make([]refPoint, len(rs))
-	mem := make([]refPoint, len(rs))
-	for i, r := range rs {
-		cal := r.Row.Note == "calibration row"
-		tps[i] = refPoint{r.Row.Name, r.Row.TPS, r.Prediction.TokensPerDevice, r.TPSErr, cal}
-		mem[i] = refPoint{r.Row.Name, r.Row.MemGiB, r.Prediction.MemoryBytes / (1 << 30), r.MemErr, cal}
+	// Each panel lists its rows beside the plot: tall enough for them.
+	const W = 1000
+	H := 700
+	for _, p := range panels {
+		H = max(H, 260+34*len(p.Points))
 	}
-	const W, H = 1000, 700
-	out := image.NewRGBA(image.Rect(0, 0, 2*W, H))
-	for i, p := range []struct {
-		title, unit string
-		pts         []refPoint
-	}{
-		{"tokens/s per GPU: titan plan against torchtitan's H100 tables", "tokens/s per GPU", tps},
-		{"memory per GPU: titan plan against torchtitan's H100 tables", "GiB", mem},
-	} {
-		img, err := refChart(p.title, p.unit, p.pts, W, H).Render()
+	out := image.NewRGBA(image.Rect(0, 0, len(panels)*W, H))
+	for i, p := range panels {
+		if len(p.Points) == 0 {
+			return fmt.Errorf("plan: error plot %q has no rows", p.Title)
+		}
+		for _, q := range p.Points {
+			if !(q.Reference > 0) || math.IsInf(q.Reference, 0) || math.IsNaN(q.Predicted) || math.IsInf(q.Predicted, 0) {
+				return fmt.Errorf("plan: error plot %q: row %q has %s %g and predicted %g", p.Title, q.Name, p.Against, q.Reference, q.Predicted)
+			}
+		}
+		img, err := errorChart(p, W, H).Render()
 		if err != nil {
-			return fmt.Errorf("plan: plot %s: %w", p.unit, err)
+			return fmt.Errorf("plan: error plot %q: %w", p.Title, err)
 		}
 		draw.Draw(out, image.Rect(i*W, 0, (i+1)*W, H), img, image.Point{}, draw.Src)
 	}
 	return png.Encode(w, out)
 }
 
-// refPoint is one published row on one panel.
-type refPoint struct {
-	name                 string
-	published, predicted float64
-	err                  float64 // predicted/published - 1
-	calibration          bool
+// WriteReferencePlot is WriteErrorPlot of the published rows: tokens/s
+// per GPU and memory per GPU.
+func WriteReferencePlot(w io.Writer, rs []RowResult) error {
+	tps := ErrorPanel{Title: "tokens/s per GPU: titan plan against torchtitan's H100 tables", Unit: "tokens/s per GPU", Against: "published"}
+	mem := ErrorPanel{Title: "memory per GPU: titan plan against torchtitan's H100 tables", Unit: "GiB", Against: "published"}
+	for _, r := range rs {
+		cal := r.Row.Note == "calibration row"
+		tps.Points = append(tps.Points, ErrorPoint{r.Row.Name, r.Row.TPS, r.Prediction.TokensPerDevice, cal})
+		mem.Points = append(mem.Points, ErrorPoint{r.Row.Name, r.Row.MemGiB, r.Prediction.MemoryBytes / (1 << 30), cal})
+	}
+	return WriteErrorPlot(w, []ErrorPanel{tps, mem})
 }
 
-// refChart is one panel of WriteReferencePlot.
-func refChart(title, unit string, pts []refPoint, w, h int) plot.Chart {
+// errorChart is one panel of WriteErrorPlot.
+func errorChart(p ErrorPanel, w, h int) plot.Chart {
 	gray := color.RGBA{0x70, 0x70, 0x70, 0xff}
+	band := 100 * ReferenceTarget
+	cal := plot.Series{Label: "calibration row", Color: plot.Palette[2], Points: true}
+	in := plot.Series{Label: fmt.Sprintf("within %.0f %%", band), Color: plot.Palette[1], Points: true}
+	out := plot.Series{Label: fmt.Sprintf("outside %.0f %%", band), Color: plot.Palette[0], Points: true}
 	lo, hi := math.Inf(1), math.Inf(-1)
-	var cal, in, out plot.Series
-	cal = plot.Series{Label: "calibration row", Color: plot.Palette[2], Points: true}
-	in = plot.Series{Label: fmt.Sprintf("within %.0f %%", 100*ReferenceTarget), Color: plot.Palette[1], Points: true}
-	out = plot.Series{Label: fmt.Sprintf("outside %.0f %%", 100*ReferenceTarget), Color: plot.Palette[0], Points: true}
 	var notes []string
-	for _, p := range pts {
-		lo, hi = math.Min(lo, p.published), math.Max(hi, p.published)
+	for i, q := range p.Points {
+		e := q.Predicted/q.Reference - 1
+		lo, hi = math.Min(lo, q.Reference), math.Max(hi, q.Reference)
 		s := &in
 		switch {
-		case p.calibration:
+		case q.Calibration:
 			s = &cal
-		case math.Abs(p.err) > ReferenceTarget:
+		case math.Abs(e) > ReferenceTarget:
 			s = &out
-			notes = append(notes, fmt.Sprintf("%s: %+.1f%%", p.name, 100*p.err))
 		}
-		s.X, s.Y = append(s.X, p.published), append(s.Y, 100*p.err)
+		// Each marker carries its row's number; the notes say which row
+		// that is and its error.
+		n := fmt.Sprint(i + 1)
+		s.X, s.Y, s.Labels = append(s.X, q.Reference), append(s.Y, 100*e), append(s.Labels, n)
+		notes = append(notes, fmt.Sprintf("%2s %s: %+.1f%%", n, q.Name, 100*e))
 	}
-	band := 100 * ReferenceTarget
+	if lo == hi {
+		lo, hi = lo/1.1, hi*1.1
+	}
 	line := func(label string, y float64) plot.Series {
 		return plot.Series{Label: label, X: []float64{lo, hi}, Y: []float64{y, y}, Color: gray, Dashed: true}
 	}
@@ -88,11 +116,6 @@ func refChart(title, unit string, pts []refPoint, w, h int) plot.Chart {
 			series = append(series, s)
 		}
 	}
-	if len(notes) == 0 {
-		notes = []string{fmt.Sprintf("every row within %.0f %%", 100*ReferenceTarget)}
-	} else {
-		notes = append([]string{"outside the band:"}, notes...)
-	}
-	return plot.Chart{Title: title, XLabel: "published " + unit, YLabel: "predicted - published, % of published",
+	return plot.Chart{Title: p.Title, XLabel: p.Against + " " + p.Unit, YLabel: fmt.Sprintf("predicted - %s, %% of %s", p.Against, p.Against),
 		Series: series, Notes: notes, Width: w, Height: h, LinearY: true}
 }

@@ -28,8 +28,10 @@ type Series struct {
 	// Dashed draws the line dashed.
 	Dashed bool
 	// Points draws the points as markers alone, without a line: a
-	// scatter.
+	// scatter. Labels, where given, are written beside its markers, one
+	// for each point.
 	Points bool
+	Labels []string
 }
 
 // Chart is a line chart with logarithmic axes, or linear ones where
@@ -345,12 +347,18 @@ func (p Chart) Render() (*image.RGBA, error) {
 
 	// Grid and tick labels.
 	xt, _ := ax.ticks()
+	lastRight := math.MinInt
 	for _, v := range xt {
 		x := int(math.Round(px(v)))
 		c.rect(x, y0, x+1, y1, grid)
 		c.rect(x, y1, x+1, y1+6, black)
 		lbl := ax.label(v)
-		c.text(x-textWidth(lbl, scale)/2, y1+12, lbl, scale, black)
+		lw := textWidth(lbl, scale)
+		if x-lw/2 < lastRight+8 {
+			continue // it would overlap the previous label
+		}
+		c.text(x-lw/2, y1+12, lbl, scale, black)
+		lastRight = x - lw/2 + lw
 	}
 	yt, ym := ay.ticks()
 	for _, v := range yt {
@@ -384,7 +392,11 @@ func (p Chart) Render() (*image.RGBA, error) {
 		var phase float64
 		if s.Points {
 			for i := range s.X {
-				marker(c, int(math.Round(px(s.X[i]))), int(math.Round(py(s.Y[i]))), s.Color)
+				x, y := int(math.Round(px(s.X[i]))), int(math.Round(py(s.Y[i])))
+				marker(c, x, y, s.Color)
+				if i < len(s.Labels) {
+					c.text(x+10, y-glyphH*scale/2, s.Labels[i], scale, black)
+				}
 			}
 			continue
 		}
