@@ -244,7 +244,8 @@ func TestAnalyzeModes(t *testing.T) {
 	if fmt.Sprint(second.Rows) != fmt.Sprint(loop.Rows) {
 		t.Errorf("auto %v, loop %v", second.Rows, loop.Rows)
 	}
-	if _, err := p.Query(ModeLoop, []string{"a-1"}); err == nil {
-		t.Error("wrong number of arguments: no error")
+	want := fmt.Sprintf("takes %d arguments", len(args))
+	if _, err := p.Query(ModeLoop, []string{"a-1"}); err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "got 1") {
+		t.Errorf("wrong number of arguments: error %v, want one saying it %s and got 1", err, want)
 	}
 }

@@ -30,6 +30,7 @@ package aggify
 
 import (
 	"fmt"
+	"strings"
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 )
@@ -247,4 +248,23 @@ func (e *Error) Error() string {
 		loc = fmt.Sprintf("%s, line %d", e.Func, e.Line)
 	}
 	return fmt.Sprintf("aggify: %s: %s: %s", loc, e.Construct, e.Reason)
+}
+
+// inputs returns f's input parameters, or an error naming them unless
+// there are n of them (the arguments a caller passes).
+func (f *Func) inputs(n int) ([]*Var, error) {
+	var in []*Var
+	for _, v := range f.Params {
+		if v.Kind == Param {
+			in = append(in, v)
+		}
+	}
+	if n != len(in) {
+		var names []string
+		for _, v := range in {
+			names = append(names, v.Name+" "+v.Type)
+		}
+		return nil, fmt.Errorf("aggify: %s takes %d arguments (%s), got %d", f.Name, len(in), strings.Join(names, ", "), n)
+	}
+	return in, nil
 }

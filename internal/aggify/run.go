@@ -167,18 +167,9 @@ func (p *Program) Query(mode Mode, args []string) (string, error) {
 	if mode == ModeAggregate {
 		name = r.Aggified
 	}
-	var in []*Var
-	for _, v := range r.Func.Params {
-		if v.Kind == Param {
-			in = append(in, v)
-		}
-	}
-	if len(args) != len(in) {
-		var names []string
-		for _, v := range in {
-			names = append(names, v.Name+" "+v.Type)
-		}
-		return "", fmt.Errorf("aggify: %s takes %d arguments (%s), got %d", r.Func.Name, len(in), strings.Join(names, ", "), len(args))
+	in, err := r.Func.inputs(len(args))
+	if err != nil {
+		return "", err
 	}
 	var lits []string
 	for i, a := range args {

@@ -473,18 +473,8 @@ func (p *Program) RunSQLite(ctx context.Context, db *sql.DB, mode Mode, args []s
 		return res, nil
 	}
 	r := p.Rewrites[len(p.Rewrites)-1]
-	var in []*Var
-	for _, v := range r.Func.Params {
-		if v.Kind == Param {
-			in = append(in, v)
-		}
-	}
-	if len(args) != len(in) {
-		var names []string
-		for _, v := range in {
-			names = append(names, v.Name+" "+v.Type)
-		}
-		return nil, fmt.Errorf("aggify: %s takes %d arguments (%s), got %d", r.Func.Name, len(in), strings.Join(names, ", "), len(args))
+	if _, err := r.Func.inputs(len(args)); err != nil {
+		return nil, err
 	}
 	vals := make([]Value, len(args))
 	for i, a := range args {
