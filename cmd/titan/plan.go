@@ -89,7 +89,8 @@ batch, and ranks the layouts that fit by predicted tokens/s.`,
 			if err != nil {
 				return err
 			}
-			j.Layout.Compile, j.Layout.Float8 = compile, float8
+			j.Layout.Compile = compile
+			j.Layout.Float8 = j.Layout.Float8 || float8 // the recipe's model.converters, or the flag
 			j.Layout.AsyncTP = j.Layout.AsyncTP || asyncTP
 			if search {
 				r, err := plan.Search(j, c, cal, plan.SearchOptions{World: world, Top: top, MaxTP: maxTP, MaxCP: maxCP})

@@ -64,6 +64,7 @@
 package config
 
 import (
+	"fmt"
 	"slices"
 
 	"github.com/titan-go/titan/internal/float8"
@@ -450,6 +451,23 @@ func (j *Job) Float8Config() (*float8.Config, error) {
 	}
 	return &float8.Config{Recipe: r, FilterFQNs: slices.Clone(f.FilterFQNs),
 		FSDPAllGather: f.EnableFSDPFloat8AllGather, PrecomputeScales: f.PrecomputeFloat8DynamicScaleForFSDP}, nil
+}
+
+// AccumSteps is the number of micro-batches accumulated per step on
+// dataRanks data-parallel ranks: as torchtitan,
+// training.global_batch_size / (local_batch_size × dataRanks) when the
+// global batch is set, else training.gradient_accumulation_steps (at
+// least 1).
+func (j *Job) AccumSteps(dataRanks int) (int, error) {
+	B := j.Training.LocalBatchSize
+	if g := j.Training.GlobalBatchSize; g > 0 {
+		per := B * dataRanks
+		if per <= 0 || g%per != 0 {
+			return 0, fmt.Errorf("training.global_batch_size %d is not a multiple of training.local_batch_size %d × %d data-parallel ranks", g, B, dataRanks)
+		}
+		return g / per, nil
+	}
+	return max(j.Training.GradientAccumulationSteps, 1), nil
 }
 
 // Comm is the [comm] section: collective-communication timeouts and

@@ -13,10 +13,12 @@
 package plan
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/titan-go/titan/internal/config"
+	"github.com/titan-go/titan/internal/float8"
 	"github.com/titan-go/titan/internal/memplan"
 	"github.com/titan-go/titan/internal/model/llama"
 	"github.com/titan-go/titan/internal/parallel"
@@ -34,9 +36,11 @@ type Layout struct {
 	// as layers when the stages are cut (the recipe's
 	// pipeline_parallel_first/last_stage_less_layers).
 	FirstLessLayers, LastLessLayers int
-	// LocalBatch is the sequences per data-parallel rank and step,
-	// SeqLen their length.
-	LocalBatch, SeqLen int
+	// LocalBatch is the sequences per data-parallel rank and local
+	// batch, SeqLen their length; a step accumulates Accum local batches
+	// (training.global_batch_size or gradient_accumulation_steps; 0 and 1
+	// mean none).
+	LocalBatch, SeqLen, Accum int
 	// Checkpoint is the activation checkpointing policy.
 	Checkpoint memplan.Checkpoint
 	// Reshard is parallelism.fsdp_reshard_after_forward.
@@ -84,7 +88,11 @@ func (l Layout) String() string {
 	if d.PP > 1 {
 		s += fmt.Sprintf(" %s mb%d", l.Schedule, l.MicrobatchRows)
 	}
-	s += fmt.Sprintf(" lbs%d ac:%s", l.LocalBatch, strings.ReplaceAll(l.Checkpoint.String(), " ", "-"))
+	s += fmt.Sprintf(" lbs%d", l.LocalBatch)
+	if l.accum() > 1 {
+		s += fmt.Sprintf(" accum%d", l.accum())
+	}
+	s += fmt.Sprintf(" ac:%s", strings.ReplaceAll(l.Checkpoint.String(), " ", "-"))
 	for _, o := range []struct {
 		on   bool
 		name string
@@ -95,6 +103,9 @@ func (l Layout) String() string {
 	}
 	return s
 }
+
+// accum is the local batches a step accumulates (at least 1).
+func (l Layout) accum() int { return max(l.Accum, 1) }
 
 // World is the number of ranks the layout uses.
 func (l Layout) World() int { return l.Degrees.World() }
@@ -109,15 +120,51 @@ func FromRecipe(job *config.Job, world int) (Job, error) {
 	if err != nil {
 		return Job{}, err
 	}
+	f8, err := job.Float8Config()
+	if err != nil {
+		return Job{}, err
+	}
+	if err := plannableFloat8(f8, mp.Model); err != nil {
+		return Job{}, err
+	}
+	accum, err := job.AccumSteps(mp.Degrees.DPReplicate * mp.Degrees.DPShard)
+	if err != nil {
+		return Job{}, err
+	}
 	p := job.Parallelism
 	l := Layout{
 		Degrees: mp.Degrees, Schedule: p.PipelineParallelSchedule, MicrobatchRows: p.PipelineParallelMicrobatchSize,
 		FirstLessLayers: p.PipelineParallelFirstStageLessLayers, LastLessLayers: p.PipelineParallelLastStageLessLayers,
-		LocalBatch: job.Training.LocalBatchSize, SeqLen: job.Training.SeqLen,
+		LocalBatch: job.Training.LocalBatchSize, SeqLen: job.Training.SeqLen, Accum: accum,
 		Checkpoint: mp.Checkpoint, Reshard: p.FSDPReshardAfterForward, AsyncTP: p.EnableAsyncTensorParallel,
 		ParamBF16: mp.Precision.ParamBF16, ReduceBF16: mp.Precision.ReduceBF16, Eval: mp.Eval,
+		Float8: f8 != nil,
 	}
 	return Job{Flavor: job.Model.Flavor, Model: mp.Model, Layout: l}, nil
+}
+
+// plannableFloat8 refuses the float8 settings the step-time model does not
+// count: it runs every block's linear layers in float8 with tensorwise
+// scales and the output projection in bf16 (torchtitan's default
+// filter_fqns = ["output"]), and counts FSDP's all-gathers in bf16.
+func plannableFloat8(f *float8.Config, m llama.Config) error {
+	if f == nil {
+		return nil
+	}
+	switch {
+	case f.Recipe != float8.Tensorwise:
+		return fmt.Errorf("plan: float8.recipe_name %q is not modelled (the calibrated float8 products are tensorwise)", f.Recipe)
+	case f.FSDPAllGather || f.PrecomputeScales:
+		return errors.New("plan: float8.enable_fsdp_float8_all_gather and precompute_float8_dynamic_scale_for_fsdp are not modelled (FSDP's all-gathers are counted in bf16)")
+	case f.Converts("output"):
+		return fmt.Errorf("plan: float8.filter_fqns %q converts the output projection, which is not modelled (it is counted in bf16: filter_fqns = [\"output\"])", f.FilterFQNs)
+	}
+	for _, fqn := range llama.BlockLinearFQNs(m) {
+		if !f.Converts(fqn) {
+			return fmt.Errorf("plan: float8.filter_fqns %q leaves %s in high precision, which is not modelled (every block's linear layers are counted in float8)", f.FilterFQNs, fqn)
+		}
+	}
+	return nil
 }
 
 // pipeline resolves the layout's pipeline with titan's own planner (as

@@ -485,3 +485,142 @@ func TestSearchCoversThePublishedLayout(t *testing.T) {
 		t.Error("the best layout is slower than the published one")
 	}
 }
+
+// TestRecipeFloat8: a recipe's float8 linear layers (model.converters)
+// are what --float8 predicts, and the float8 settings the planner does
+// not model are refused with an error naming the key — on a CPU host
+// every float8 recipe, for Predict and for Search alike.
+func TestRecipeFloat8(t *testing.T) {
+	gpu, err := cluster.Load("h100-sxm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gcal, err := CalibrateGPU(gpu)
+	if err != nil {
+		t.Fatal(err)
+	}
+	load := func(sets ...string) (Job, error) {
+		job, err := config.Load("../../recipes/llama3_8b.toml", append([]string{"parallelism.data_parallel_shard_degree=8"}, sets...), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return FromRecipe(job, 8)
+	}
+	flag, err := load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	flag.Layout.Float8 = true // --float8
+	want, err := Predict(flag, gpu, gcal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recipe, err := load(`model.converters=["float8"]`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Predict(recipe, gpu, gcal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !recipe.Layout.Float8 || got.TokensPerDevice != want.TokensPerDevice || got.MemoryBytes != want.MemoryBytes {
+		t.Errorf("recipe float8: %.0f tokens/s, %.0f bytes; --float8: %.0f, %.0f", got.TokensPerDevice, got.MemoryBytes, want.TokensPerDevice, want.MemoryBytes)
+	}
+	for _, tc := range []struct {
+		sets []string
+		key  string
+	}{
+		{[]string{"float8.recipe_name=rowwise"}, "float8.recipe_name"},
+		{[]string{"float8.enable_fsdp_float8_all_gather=true"}, "float8.enable_fsdp_float8_all_gather"},
+		{[]string{`float8.filter_fqns=[]`}, "float8.filter_fqns"},
+		{[]string{`float8.filter_fqns=["output","feed_forward.w2"]`}, "feed_forward.w2"},
+	} {
+		_, err := load(append([]string{`model.converters=["float8"]`}, tc.sets...)...)
+		if err == nil || !strings.Contains(err.Error(), tc.key) {
+			t.Errorf("%v: error %v, want one naming %s", tc.sets, err, tc.key)
+		}
+	}
+	host, err := cluster.Load("cpu-2core")
+	if err != nil {
+		t.Fatal(err)
+	}
+	job, err := config.Load("../../recipes/llama3_debug.toml", []string{"parallelism.data_parallel_shard_degree=1", `model.converters=["float8"]`}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := FromRecipe(job, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Predict(j, host, cpuCal()); err == nil || !strings.Contains(err.Error(), "model.converters") {
+		t.Errorf("float8 on the CPU host: Predict error %v, want one naming model.converters", err)
+	}
+	if _, err := Search(j, host, cpuCal(), SearchOptions{World: 2}); err == nil || !strings.Contains(err.Error(), "model.converters") {
+		t.Errorf("float8 on the CPU host: Search error %v, want one naming model.converters", err)
+	}
+}
+
+// TestAccumulation: a recipe that accumulates local batches
+// (training.global_batch_size, or gradient_accumulation_steps) is
+// predicted as the engine runs it: the same memory as one local batch,
+// every part of the step but the optimizer as many times, and the tokens
+// of all the batches per step; a search keeps the accumulation and the
+// global batch.
+func TestAccumulation(t *testing.T) {
+	host, err := cluster.Load("cpu-2core")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cal := cpuCal()
+	predictSets := func(world int, sets ...string) (Job, Prediction) {
+		t.Helper()
+		job, err := config.Load("../../recipes/llama3_debug.toml", sets, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		j, err := FromRecipe(job, world)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := Predict(j, host, cal)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j, p
+	}
+	for _, tc := range []struct {
+		world int
+		sets  []string
+		accum int
+	}{
+		{1, []string{"parallelism.data_parallel_shard_degree=1", "training.global_batch_size=32"}, 4},
+		{2, []string{"parallelism.data_parallel_shard_degree=2", "training.global_batch_size=48"}, 3},
+		{2, []string{"parallelism.data_parallel_shard_degree=2", "training.gradient_accumulation_steps=2"}, 2},
+	} {
+		_, one := predictSets(tc.world, tc.sets[0])
+		j, acc := predictSets(tc.world, tc.sets...)
+		if j.Layout.Accum != tc.accum {
+			t.Fatalf("%v: %d local batches a step, want %d", tc.sets, j.Layout.Accum, tc.accum)
+		}
+		n := float64(tc.accum)
+		wantStep := n*(one.Step.Step-one.Step.Optimizer) + one.Step.Optimizer
+		if acc.MemoryBytes != one.MemoryBytes || math.Abs(acc.Step.Step/wantStep-1) > 1e-12 ||
+			math.Abs(acc.Step.Matmul/(n*one.Step.Matmul)-1) > 1e-12 || acc.Step.Optimizer != one.Step.Optimizer {
+			t.Errorf("%v: memory %.0f (one batch %.0f), step %g s (want %g), matmul %g (one batch %g)", tc.sets, acc.MemoryBytes, one.MemoryBytes, acc.Step.Step, wantStep, acc.Step.Matmul, one.Step.Matmul)
+		}
+		// tp = cp = pp = 1: a device's tokens are all the batches'.
+		if got, want := acc.TokensPerDevice, n*float64(j.Layout.LocalBatch*j.Layout.SeqLen)/acc.Step.Step; math.Abs(got/want-1) > 1e-12 {
+			t.Errorf("%v: %.1f tokens/s, want %.1f", tc.sets, got, want)
+		}
+		r, err := Search(j, host, cal, SearchOptions{World: 2, Top: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range r.Top {
+			l := c.Prediction.Job.Layout
+			if l.Accum != tc.accum || l.Accum*l.LocalBatch*l.Degrees.DPReplicate*l.Degrees.DPShard != r.GlobalBatch {
+				t.Errorf("%v: search proposes %s (accumulating %d) for a global batch of %d", tc.sets, l, l.Accum, r.GlobalBatch)
+			}
+		}
+	}
+}

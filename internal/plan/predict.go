@@ -35,6 +35,23 @@ type Breakdown struct {
 	Step float64 `json:"-"`
 }
 
+// accumulated is the breakdown of a step that accumulates n local
+// batches: each runs the whole schedule with its gathers and reductions
+// (as the engine does: ForwardBackward runs the pipeline schedule once
+// per accumulated batch), the optimizer steps once.
+func (b Breakdown) accumulated(n int) Breakdown {
+	if n <= 1 {
+		return b
+	}
+	f := float64(n)
+	opt := b.Optimizer
+	b.Matmul, b.Attention, b.Elementwise, b.Recompute = f*b.Matmul, f*b.Attention, f*b.Elementwise, f*b.Recompute
+	b.TP, b.CP, b.Bubble = f*b.TP, f*b.CP, f*b.Bubble
+	b.FSDP, b.DP, b.FSDPTotal, b.DPTotal = f*b.FSDP, f*b.DP, f*b.FSDPTotal, f*b.DPTotal
+	b.Step = f*(b.Step-opt) + opt
+	return b
+}
+
 // parts lists the breakdown's named parts (Step excluded).
 func (b Breakdown) parts() []namedTime {
 	return []namedTime{
@@ -216,11 +233,8 @@ func predict(job Job, c cluster.Cluster, cal Calibration, onlyFitting bool) (Pre
 	if err != nil {
 		return Prediction{}, err
 	}
-	if l.Float8 && (c.Device.PeakFP8 <= 0 || cal.MatmulFP8 <= 0) {
-		return Prediction{}, fmt.Errorf("plan: float8 on %s: the device has no float8 peak (peak_fp8_flops) or the calibration no matmul_fp8_efficiency", c.Name)
-	}
-	if c.CPU() && (l.Float8 || l.Compile || l.AsyncTP) {
-		return Prediction{}, fmt.Errorf("plan: float8, compile and async TP are GPU options (cluster %s is a CPU host)", c.Name)
+	if err := checkOptions(l, c, cal); err != nil {
+		return Prediction{}, err
 	}
 	rt := RuntimeOf(c, l)
 	mp, err := job.MemPlan(rt)
@@ -252,10 +266,11 @@ func predict(job Job, c cluster.Cluster, cal Calibration, onlyFitting bool) (Pre
 	if err != nil {
 		return Prediction{}, err
 	}
+	step = step.accumulated(l.accum())
 	pred.Step = step
 	pred.Microbatches, pred.BubbleFraction = sim.Schedule.Microbatches, sim.Bubble
 	d := l.Degrees
-	tokens := float64(l.LocalBatch*l.SeqLen) / float64(d.TP*d.CP*d.PP)
+	tokens := float64(l.accum()*l.LocalBatch*l.SeqLen) / float64(d.TP*d.CP*d.PP)
 	pred.TokensPerDevice = tokens / step.Step
 	peak := c.Device.PeakBF16
 	if c.CPU() {
@@ -263,6 +278,20 @@ func predict(job Job, c cluster.Cluster, cal Calibration, onlyFitting bool) (Pre
 	}
 	pred.MFU = job.Model.FLOPsPerToken(l.SeqLen) * pred.TokensPerDevice / peak
 	return pred, nil
+}
+
+// checkOptions refuses kernel options the cluster or its calibration
+// cannot predict, whatever the layout.
+func checkOptions(l Layout, c cluster.Cluster, cal Calibration) error {
+	switch {
+	case c.CPU() && l.Float8:
+		return fmt.Errorf("plan: float8 linear layers (model.converters = [\"float8\"], or --float8) are not modelled on a CPU host (cluster %s): the calibration times no float8 products", c.Name)
+	case c.CPU() && (l.Compile || l.AsyncTP):
+		return fmt.Errorf("plan: compile and async TP (parallelism.enable_async_tensor_parallel) are GPU options (cluster %s is a CPU host)", c.Name)
+	case l.Float8 && (c.Device.PeakFP8 <= 0 || cal.MatmulFP8 <= 0):
+		return fmt.Errorf("plan: float8 on %s: the device has no float8 peak (peak_fp8_flops) or the calibration no matmul_fp8_efficiency", c.Name)
+	}
+	return nil
 }
 
 // lossTransient is the memory PyTorch's cross entropy holds at its peak

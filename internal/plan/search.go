@@ -70,8 +70,15 @@ func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (Sear
 	if err != nil {
 		return SearchResult{}, err
 	}
+	if err := cal.Validate(); err != nil {
+		return SearchResult{}, err
+	}
+	if err := checkOptions(base.Layout, c, cal); err != nil {
+		return SearchResult{}, err
+	}
 	bd := base.Layout.Degrees
-	global := base.Layout.LocalBatch * bd.DPReplicate * bd.DPShard
+	accum := base.Layout.accum() // every layout accumulates as the recipe does
+	global := accum * base.Layout.LocalBatch * bd.DPReplicate * bd.DPShard
 	res := SearchResult{GlobalBatch: global}
 	cfg := base.Model
 	var fits []Prediction
@@ -85,10 +92,10 @@ func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (Sear
 					continue
 				}
 				dp := world / (tp * cp * pp)
-				if global%dp != 0 {
+				if global%(dp*accum) != 0 {
 					continue
 				}
-				lbs := global / dp
+				lbs := global / (dp * accum)
 				for _, rep := range divisors(dp) {
 					d := memplan.Degrees{PP: pp, DPReplicate: rep, DPShard: dp / rep, CP: cp, TP: tp}
 					for _, l := range pipelines(base.Layout, d, lbs) {

@@ -151,7 +151,7 @@ func New(job *config.Job, dev Device, out io.Writer, dist *Dist) (*Trainer, erro
 		return nil, fmt.Errorf("model.tokenizer_path %q: the %s tokenizer has %d tokens but model flavor %s has vocab_size %d", job.Model.TokenizerPath, tr.Tok.Name(), tr.Tok.VocabSize(), job.Model.Flavor, fam.VocabSize())
 	}
 	T, B := job.Training.SeqLen, job.Training.LocalBatchSize
-	if tr.accum, err = accumSteps(job, tr.dataRanks()); err != nil {
+	if tr.accum, err = job.AccumSteps(tr.dataRanks()); err != nil {
 		return nil, err
 	}
 	v := job.Validation

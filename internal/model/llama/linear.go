@@ -43,11 +43,27 @@ type linKey struct {
 
 // fqn is the layer's fully qualified name as torchtitan's module tree has
 // it ("layers.3.attention.wq", "output"), which float8.filter_fqns match.
-func (m *Model) fqn(k linKey) string {
-	if k.id == linOutput {
+func (m *Model) fqn(k linKey) string { return linearFQN(m.Spec.FirstLayer+k.l, k.id) }
+
+// linearFQN is the fully qualified name of linear layer id of block layer.
+func linearFQN(layer int, id linID) string {
+	if id == linOutput {
 		return "output"
 	}
-	return fmt.Sprintf("layers.%d.%s", m.Spec.FirstLayer+k.l, linNames[k.id])
+	return fmt.Sprintf("layers.%d.%s", layer, linNames[id])
+}
+
+// BlockLinearFQNs lists the fully qualified names of every block's linear
+// layers (the output projection, "output", is not among them), as
+// float8.filter_fqns match them.
+func BlockLinearFQNs(c Config) []string {
+	var out []string
+	for l := 0; l < c.NLayers; l++ {
+		for id := linWq; id < linOutput; id++ {
+			out = append(out, linearFQN(l, id))
+		}
+	}
+	return out
 }
 
 // planFloat8 decides which linear layers compute in float8. Under tensor
