@@ -34,8 +34,11 @@ type Layout struct {
 	MicrobatchRows int
 	// FirstLessLayers and LastLessLayers count the embedding and the head
 	// as layers when the stages are cut (the recipe's
-	// pipeline_parallel_first/last_stage_less_layers).
+	// pipeline_parallel_first/last_stage_less_layers), and LayersPerStage
+	// is pipeline_parallel_layers_per_stage (nil: titan's planner
+	// chooses the stages).
 	FirstLessLayers, LastLessLayers int
+	LayersPerStage                  *int
 	// LocalBatch is the sequences per data-parallel rank and local
 	// batch, SeqLen their length; a step accumulates Accum local batches
 	// (training.global_batch_size or gradient_accumulation_steps; 0 and 1
@@ -135,7 +138,8 @@ func FromRecipe(job *config.Job, world int) (Job, error) {
 	l := Layout{
 		Degrees: mp.Degrees, Schedule: p.PipelineParallelSchedule, MicrobatchRows: p.PipelineParallelMicrobatchSize,
 		FirstLessLayers: p.PipelineParallelFirstStageLessLayers, LastLessLayers: p.PipelineParallelLastStageLessLayers,
-		LocalBatch: job.Training.LocalBatchSize, SeqLen: job.Training.SeqLen, Accum: accum,
+		LayersPerStage: p.PipelineParallelLayersPerStage,
+		LocalBatch:     job.Training.LocalBatchSize, SeqLen: job.Training.SeqLen, Accum: accum,
 		Checkpoint: mp.Checkpoint, Reshard: p.FSDPReshardAfterForward, AsyncTP: p.EnableAsyncTensorParallel,
 		ParamBF16: mp.Precision.ParamBF16, ReduceBF16: mp.Precision.ReduceBF16, Eval: mp.Eval,
 		Float8: f8 != nil,
@@ -191,7 +195,7 @@ func (j Job) MemPlan(rt Runtime) (memplan.Plan, error) {
 	}
 	if l.Degrees.PP > 1 {
 		p.Pipeline = &parallel.PipelineSettings{Schedule: l.Schedule, MicrobatchSize: max(l.MicrobatchRows, 1),
-			FirstLessLayers: l.FirstLessLayers, LastLessLayers: l.LastLessLayers}
+			LayersPerStage: l.LayersPerStage, FirstLessLayers: l.FirstLessLayers, LastLessLayers: l.LastLessLayers}
 	}
 	return p, nil
 }

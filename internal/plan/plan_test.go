@@ -103,6 +103,7 @@ func TestTrainerEstimateMatches(t *testing.T) {
 		{"parallelism.data_parallel_shard_degree=2"},
 		{"parallelism.tensor_parallel_degree=2", "parallelism.data_parallel_shard_degree=1"},
 		{"parallelism.pipeline_parallel_degree=2", "parallelism.data_parallel_shard_degree=1", "parallelism.pipeline_parallel_schedule=GPipe"},
+		{"parallelism.pipeline_parallel_degree=2", "parallelism.data_parallel_shard_degree=1", "parallelism.pipeline_parallel_schedule=Interleaved1F1B", "parallelism.pipeline_parallel_layers_per_stage=1"},
 		{"parallelism.context_parallel_degree=2", "parallelism.data_parallel_shard_degree=1"},
 		{"training.mixed_precision_param=bfloat16", "parallelism.data_parallel_shard_degree=1"},
 		{"training.mixed_precision_param=bfloat16", "training.mixed_precision_reduce=bfloat16", "parallelism.data_parallel_shard_degree=2"},

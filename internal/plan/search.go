@@ -155,6 +155,7 @@ func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (Sear
 func pipelines(base Layout, d memplan.Degrees, lbs int) []Layout {
 	l := base
 	l.Degrees, l.LocalBatch = d, lbs
+	l.LayersPerStage = nil // the stages are the search's: titan's planner cuts them for each pp and schedule
 	if d.PP == 1 {
 		l.MicrobatchRows = 1
 		return []Layout{l}
