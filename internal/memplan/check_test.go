@@ -84,15 +84,16 @@ func TestCheckSuggestsWhatFits(t *testing.T) {
 		wantFirst []string
 		want      []string
 	}{
-		{name: "8B recipe on one rank", recipe: "llama3_8b.toml", world: 1,
+		// The 8B cases pin float32, whose figures they state.
+		{name: "8B recipe on one rank", recipe: "llama3_8b.toml", sets: []string{"training.mixed_precision_param=float32"}, world: 1,
 			wantRanks: 32,
 			wantFirst: []string{"parallelism.data_parallel_shard_degree=32", "training.local_batch_size=1", "activation_checkpoint.mode=full"},
 			want:      []string{"activations", "22.00 GiB", "activation checkpointing alone is not enough", "needs at least 32 ranks", "with FSDP", "at training.local_batch_size=2 no number of ranks fits", "FSDP unit buffers", "tensor parallelism", "parallelism.tensor_parallel_degree="}},
-		{name: "8B on 64 ranks, checkpointing alone", recipe: "llama3_8b.toml", sets: []string{"training.local_batch_size=1"}, world: 64,
+		{name: "8B on 64 ranks, checkpointing alone", recipe: "llama3_8b.toml", sets: []string{"training.mixed_precision_param=float32", "training.local_batch_size=1"}, world: 64,
 			wantRanks: 64,
 			wantFirst: []string{"activation_checkpoint.mode=full"},
 			want:      []string{"settings that would fit"}},
-		{name: "8B sequence too long", recipe: "llama3_8b.toml", sets: []string{"training.seq_len=131072"}, world: 1,
+		{name: "8B sequence too long", recipe: "llama3_8b.toml", sets: []string{"training.mixed_precision_param=float32", "training.seq_len=131072"}, world: 1,
 			want: []string{"no layout of up to 65536 ranks", "lower training.seq_len (now 131072)"}},
 		{name: "debug fits", recipe: "llama3_debug.toml", world: 1, fits: true},
 	} {

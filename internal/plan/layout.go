@@ -56,7 +56,8 @@ type Layout struct {
 	// ParamBF16 and ReduceBF16 are training.mixed_precision_param and
 	// mixed_precision_reduce "bfloat16": on a CPU host bfloat16 products,
 	// gathers and reductions and the copies FSDP keeps (RuntimeOf,
-	// memplan.Precision); a GPU computes in bfloat16 anyway.
+	// memplan.Precision). A GPU cluster's runtime computes in bfloat16 and
+	// reduces in float32, and takes only that (checkOptions).
 	ParamBF16, ReduceBF16 bool
 	// Eval is the recipe's validation batch when validation is enabled
 	// (its activation sets count when its shape is not the step's).

@@ -625,3 +625,44 @@ func TestAccumulation(t *testing.T) {
 		}
 	}
 }
+
+// TestGPUPrecision: a GPU cluster's runtime computes in bfloat16 and
+// reduces in float32, so a recipe asking for anything else is refused
+// with an error naming the key rather than predicted as if it did not.
+func TestGPUPrecision(t *testing.T) {
+	gpu, err := cluster.Load("h100-sxm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cal, err := CalibrateGPU(gpu)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		sets []string
+		key  string // "": predicted
+	}{
+		{nil, ""},
+		{[]string{"training.mixed_precision_param=float32"}, "training.mixed_precision_param"},
+		{[]string{"training.mixed_precision_reduce=bfloat16"}, "training.mixed_precision_reduce"},
+	} {
+		job, err := config.Load("../../recipes/llama3_8b.toml", append([]string{"parallelism.data_parallel_shard_degree=8"}, tc.sets...), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		j, err := FromRecipe(job, 8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, perr := Predict(j, gpu, cal)
+		_, serr := Search(j, gpu, cal, SearchOptions{World: 8, Top: 1, MaxCP: 1})
+		for name, err := range map[string]error{"Predict": perr, "Search": serr} {
+			switch {
+			case tc.key == "" && err != nil:
+				t.Errorf("%v: %s: %v", tc.sets, name, err)
+			case tc.key != "" && (err == nil || !strings.Contains(err.Error(), tc.key)):
+				t.Errorf("%v: %s error %v, want one naming %s", tc.sets, name, err, tc.key)
+			}
+		}
+	}
+}

@@ -288,6 +288,10 @@ func checkOptions(l Layout, c cluster.Cluster, cal Calibration) error {
 		return fmt.Errorf("plan: float8 linear layers (model.converters = [\"float8\"], or --float8) are not modelled on a CPU host (cluster %s): the calibration times no float8 products", c.Name)
 	case c.CPU() && (l.Compile || l.AsyncTP):
 		return fmt.Errorf("plan: compile and async TP (parallelism.enable_async_tensor_parallel) are GPU options (cluster %s is a CPU host)", c.Name)
+	case !c.CPU() && !l.ParamBF16:
+		return fmt.Errorf("plan: training.mixed_precision_param \"float32\" is not modelled on GPU cluster %s: its runtime computes in bfloat16 (set training.mixed_precision_param = \"bfloat16\")", c.Name)
+	case !c.CPU() && l.ReduceBF16:
+		return fmt.Errorf("plan: training.mixed_precision_reduce \"bfloat16\" is not modelled on GPU cluster %s: its runtime reduces gradients in float32", c.Name)
 	case l.Float8 && (c.Device.PeakFP8 <= 0 || cal.MatmulFP8 <= 0):
 		return fmt.Errorf("plan: float8 on %s: the device has no float8 peak (peak_fp8_flops) or the calibration no matmul_fp8_efficiency", c.Name)
 	}

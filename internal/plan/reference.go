@@ -60,7 +60,7 @@ func PublishedRows() []Published {
 	sac := memplan.Checkpoint{Mode: "selective", Option: "op"}
 	full := memplan.Checkpoint{Mode: "full"}
 	job := func(fl string, d memplan.Degrees, lbs, seq int, ac memplan.Checkpoint, opts ...string) Job {
-		l := Layout{Degrees: d, LocalBatch: lbs, SeqLen: seq, Checkpoint: ac, Reshard: "default", Schedule: "1F1B", MicrobatchRows: 1, FirstLessLayers: 1, LastLessLayers: 1}
+		l := Layout{Degrees: d, LocalBatch: lbs, SeqLen: seq, Checkpoint: ac, Reshard: "default", Schedule: "1F1B", MicrobatchRows: 1, FirstLessLayers: 1, LastLessLayers: 1, ParamBF16: true}
 		for _, o := range opts {
 			switch o {
 			case "compile":
