@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -123,7 +124,7 @@ func CalibrateCPU(ctx context.Context, c cluster.Cluster, o CalibrateOptions) (C
 		r.Efficiency, r.EfficiencyBF16 = r.Efficiency/c.Device.PeakFP32/inStep, r.EfficiencyBF16/c.Device.PeakFP32/inStep
 	}
 	cal.InStep = inStep
-	logf("in a training step (tiny_bench, 1 process, %d steps): %.0f tokens/s against %.0f from the kernels alone: compute efficiencies divided by %.3f", stepProbeSteps, measured, predicted, inStep)
+	logf("in a training step (tiny_bench, 1 process, %d steps, median of %d runs): %.0f tokens/s against %.0f from the kernels alone: compute efficiencies divided by %.3f", stepProbeSteps, stepProbeRuns, measured, predicted, inStep)
 	return cal, cal.Validate()
 }
 
@@ -157,29 +158,41 @@ func measureInStep(ctx context.Context, exe string, c cluster.Cluster, cal Calib
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("plan: calibrate: the step probe: %w", err)
 	}
-	data, err := trainProbe(ctx, exe, stepProbe)
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	var windows []float64
-	for _, line := range bytes.Split(data, []byte("\n")) {
-		var rec struct {
-			Step int     `json:"step"`
-			TPS  float64 `json:"tokens_per_sec"`
+	// The median of a few runs: one run of a few seconds is one sample of
+	// a host whose speed drifts by tens of percent over minutes, and a
+	// calibration made in a fast moment over-predicts everything after.
+	runs := make([]float64, stepProbeRuns)
+	for i := range runs {
+		data, err := trainProbe(ctx, exe, stepProbe)
+		if err != nil {
+			return 0, 0, 0, err
 		}
-		if json.Unmarshal(line, &rec) == nil && rec.Step > 4 && rec.TPS > 0 {
-			windows = append(windows, rec.TPS)
+		var windows []float64
+		for _, line := range bytes.Split(data, []byte("\n")) {
+			var rec struct {
+				Step int     `json:"step"`
+				TPS  float64 `json:"tokens_per_sec"`
+			}
+			if json.Unmarshal(line, &rec) == nil && rec.Step > 4 && rec.TPS > 0 {
+				windows = append(windows, rec.TPS)
+			}
+		}
+		if len(windows) == 0 {
+			return 0, 0, 0, fmt.Errorf("plan: calibrate: the step probe logged no tokens/s after step 4")
+		}
+		for _, w := range windows {
+			runs[i] += w / float64(len(windows))
 		}
 	}
-	if len(windows) == 0 {
-		return 0, 0, 0, fmt.Errorf("plan: calibrate: the step probe logged no tokens/s after step 4")
-	}
-	for _, w := range windows {
-		measured += w / float64(len(windows))
-	}
+	slices.Sort(runs)
+	measured = runs[len(runs)/2]
 	predicted = pred.TokensPerDevice
 	return predicted / measured, predicted, measured, nil
 }
+
+// stepProbeRuns is how many times measureInStep runs the step probe (the
+// median counts).
+const stepProbeRuns = 3
 
 // kernelRates are measured throughputs.
 type kernelRates struct {
