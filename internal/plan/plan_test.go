@@ -666,3 +666,30 @@ func TestGPUPrecision(t *testing.T) {
 		}
 	}
 }
+
+// TestMFUPeak: MFU is against the peak of the precision the products run
+// in — on the CPU host float32's, or bfloat16's under mixed precision —
+// so that it stays a fraction of what the device can do.
+func TestMFUPeak(t *testing.T) {
+	host, err := cluster.Load("cpu-2core")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cal := cpuCal()
+	cal.MatmulBF16, cal.AttentionBF16 = 2*cal.Matmul, 2*cal.Attention
+	for _, tc := range []struct {
+		bf16 bool
+		peak float64
+	}{{false, host.Device.PeakFP32}, {true, host.Device.PeakBF16}} {
+		j := debugJob(t, deg(1, 1, 1, 1, 1), "")
+		j.Layout.ParamBF16 = tc.bf16
+		p, err := Predict(j, host, cal)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := j.Model.FLOPsPerToken(j.Layout.SeqLen) * p.TokensPerDevice / tc.peak
+		if math.Abs(p.MFU/want-1) > 1e-12 || p.MFU <= 0 || p.MFU >= 1 {
+			t.Errorf("bf16 %v: MFU %.4f, want %.4f (of %.3g FLOP/s)", tc.bf16, p.MFU, want, tc.peak)
+		}
+	}
+}

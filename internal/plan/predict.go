@@ -272,8 +272,10 @@ func predict(job Job, c cluster.Cluster, cal Calibration, onlyFitting bool) (Pre
 	d := l.Degrees
 	tokens := float64(l.accum()*l.LocalBatch*l.SeqLen) / float64(d.TP*d.CP*d.PP)
 	pred.TokensPerDevice = tokens / step.Step
+	// MFU against the peak of the precision the products run in: a CPU
+	// host's float32 peak unless mixed precision runs them in bfloat16.
 	peak := c.Device.PeakBF16
-	if c.CPU() {
+	if c.CPU() && !(l.ParamBF16 && peak > 0) {
 		peak = c.Device.PeakFP32
 	}
 	pred.MFU = job.Model.FLOPsPerToken(l.SeqLen) * pred.TokensPerDevice / peak
