@@ -492,14 +492,7 @@ func TestSearchCoversThePublishedLayout(t *testing.T) {
 // not model are refused with an error naming the key — on a CPU host
 // every float8 recipe, for Predict and for Search alike.
 func TestRecipeFloat8(t *testing.T) {
-	gpu, err := cluster.Load("h100-sxm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gcal, err := CalibrateGPU(gpu)
-	if err != nil {
-		t.Fatal(err)
-	}
+	gpu, gcal := h100(t)
 	load := func(sets ...string) (Job, error) {
 		job, err := config.Load("../../recipes/llama3_8b.toml", append([]string{"parallelism.data_parallel_shard_degree=8"}, sets...), nil)
 		if err != nil {
@@ -630,14 +623,7 @@ func TestAccumulation(t *testing.T) {
 // reduces in float32, so a recipe asking for anything else is refused
 // with an error naming the key rather than predicted as if it did not.
 func TestGPUPrecision(t *testing.T) {
-	gpu, err := cluster.Load("h100-sxm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cal, err := CalibrateGPU(gpu)
-	if err != nil {
-		t.Fatal(err)
-	}
+	gpu, cal := h100(t)
 	for _, tc := range []struct {
 		sets []string
 		key  string // "": predicted
@@ -692,4 +678,19 @@ func TestMFUPeak(t *testing.T) {
 			t.Errorf("bf16 %v: MFU %.4f, want %.4f (of %.3g FLOP/s)", tc.bf16, p.MFU, want, tc.peak)
 		}
 	}
+}
+
+// h100 is the H100 SXM cluster with the calibration from the published
+// reference row.
+func h100(t *testing.T) (cluster.Cluster, Calibration) {
+	t.Helper()
+	gpu, err := cluster.Load("h100-sxm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cal, err := CalibrateGPU(gpu)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return gpu, cal
 }
