@@ -31,9 +31,13 @@ func TestPlanReferenceRecipe(t *testing.T) {
 	if math.Abs(got.Prediction.TokensPerSec/5762-1) > 1e-6 || math.Abs(got.Prediction.Memory.Predicted/(82.4*(1<<30))-1) > 1e-6 {
 		t.Errorf("8B on 8 H100: %.1f tokens/s, %.2f GiB; the calibration row is 5762 and 82.4", got.Prediction.TokensPerSec, got.Prediction.Memory.Predicted/(1<<30))
 	}
-	out, err = titan(t, "plan", "--reference")
+	png := filepath.Join(t.TempDir(), "published.png")
+	out, err = titan(t, "plan", "--reference", "--plot", png)
 	if err != nil || !strings.Contains(out, "8B FSDP8 (calibration)") || !strings.Contains(out, "405B PP8 FSDP8 TP8 Interleaved1F1B") {
 		t.Errorf("--reference: %v\n%s", err, out)
+	}
+	if data, err := os.ReadFile(png); err != nil || !strings.HasPrefix(string(data), "\x89PNG\r\n") {
+		t.Errorf("--reference --plot: no PNG written (%v)", err)
 	}
 }
 
@@ -55,6 +59,8 @@ func TestPlanErrors(t *testing.T) {
 		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-sxxm"}, "unknown cluster"},
 		{[]string{"plan", "--recipe", "../../recipes/llama3_debug.toml", "--cluster", "this", "--calibration", filepath.Join(t.TempDir(), "none.json")}, "titan plan --calibrate"},
 		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "a100-80gb", "--world", "8", "--float8"}, "float8"},
+		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-sxm", "--world", "8", "--plot", filepath.Join(t.TempDir(), "p.png")}, "goes with --reference"},
+		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-sxm", "--world", "8", "--set", "training.mixed_precision_param=float32"}, "training.mixed_precision_param"},
 	} {
 		out, err := titan(t, c.args...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
