@@ -174,6 +174,25 @@ func (r *request) count() int {
 	return r.a.n
 }
 
+// header is the operation's header as every rank must agree on it: kind,
+// dtype, sequence number, element count, and the reduction or root where
+// the kind has one. An all-to-all's count is its transport's to set (zero
+// here): each pair's share, or none.
+func (r *request) header() opHeader {
+	h := opHeader{kind: r.kind, dtype: r.dtype, seq: r.seq, count: int64(r.count())}
+	switch r.kind {
+	case opAllReduce, opReduceScatter:
+		h.op = r.op
+	case opBroadcast:
+		h.root = int64(r.root)
+	case opAllToAll:
+		h.count = 0
+	case opBarrier:
+		h.dtype = 0
+	}
+	return h
+}
+
 // Peer states.
 const (
 	peerAlive = iota

@@ -322,18 +322,7 @@ func (g *group) shmRun(r *request, deadline time.Time) error {
 }
 
 func (o *shmOp) descriptor() [8]uint64 {
-	r := o.r
-	h := opHeader{kind: r.kind, dtype: r.dtype, seq: r.seq, count: int64(r.count())}
-	switch r.kind {
-	case opAllReduce, opReduceScatter:
-		h.op = r.op
-	case opBroadcast:
-		h.root = int64(r.root)
-	case opAllToAll:
-		h.count = 0
-	case opBarrier:
-		h.dtype = 0
-	}
+	h := o.r.header()
 	return [8]uint64{uint64(h.kind), uint64(h.dtype), uint64(h.op), h.seq, uint64(h.count), uint64(h.root)}
 }
 

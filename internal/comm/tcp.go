@@ -156,22 +156,17 @@ func (o *tcpOp) blame() error {
 	return &waitErr{waiting: waiting, notEntered: notEntered, op: o.r.kind.String(), seq: o.r.seq}
 }
 
+// header is the operation's header toward peer q (sending) or expected
+// from it: an all-to-all carries the pair's share.
 func (o *tcpOp) header(q int, sending bool) opHeader {
 	r := o.r
-	h := opHeader{kind: r.kind, dtype: r.dtype, seq: r.seq, count: int64(r.count())}
-	switch r.kind {
-	case opAllReduce, opReduceScatter:
-		h.op = r.op
-	case opBroadcast:
-		h.root = int64(r.root)
-	case opAllToAll:
+	h := r.header()
+	if r.kind == opAllToAll { // each pair's share
 		if sending {
 			h.count = int64(r.sendCounts[q])
 		} else {
 			h.count = int64(r.recvCounts[q])
 		}
-	case opBarrier:
-		h.dtype = 0
 	}
 	return h
 }
