@@ -3,11 +3,13 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 
 	"github.com/spf13/cobra"
 
+	"github.com/titan-go/titan/internal/atomicfile"
 	"github.com/titan-go/titan/internal/cluster"
 	"github.com/titan-go/titan/internal/plan"
 )
@@ -64,8 +66,8 @@ batch, and ranks the layouts that fit by predicted tokens/s.`,
 					return err
 				}
 				if plotPath != "" {
-					if err := writeReferencePlot(plotPath, rs); err != nil {
-						return err
+					if err := atomicfile.Write(plotPath, func(w io.Writer) error { return plan.WriteReferencePlot(w, rs) }); err != nil {
+						return fmt.Errorf("plan: --plot: %w", err)
 					}
 				}
 				if asJSON {
@@ -220,27 +222,5 @@ func runCalibrate(cmd *cobra.Command, ref, calPath string, nprocs []int) error {
 		return err
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "calibration of %s written to %s\n", c.Name, path)
-	return nil
-}
-
-// writeReferencePlot writes the published rows' plot to path (through a
-// temporary file, renamed into place once complete).
-func writeReferencePlot(path string, rs []plan.RowResult) error {
-	tmp := path + ".tmp"
-	f, err := os.Create(tmp)
-	if err != nil {
-		return fmt.Errorf("plan: --plot: %w", err)
-	}
-	err = plan.WriteReferencePlot(f, rs)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("plan: --plot %s: %w", path, err)
-	}
 	return nil
 }

@@ -40,6 +40,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/titan-go/titan/internal/atomicfile"
 	"github.com/titan-go/titan/internal/hf/safetensors"
 	"github.com/titan-go/titan/internal/model/llama"
 	"github.com/titan-go/titan/internal/modelfile"
@@ -367,37 +368,10 @@ func writeJSON(path string, v any) error {
 	})
 }
 
-// writeFileAtomic fills a temporary file next to path and renames it over
-// path once synced; on error path is untouched.
-func writeFileAtomic(path string, fill func(w io.Writer) error) (err error) {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return fmt.Errorf("hf: writing %s: %w", path, err)
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
-		}
-	}()
-	if err := fill(f); err != nil {
-		return fmt.Errorf("hf: writing %s: %w", path, err)
-	}
-	if err := f.Chmod(0o644); err != nil {
-		return fmt.Errorf("hf: writing %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("hf: syncing %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("hf: closing %s: %w", path, err)
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
+// writeFileAtomic is atomicfile.Write with hf's errors.
+func writeFileAtomic(path string, fill func(w io.Writer) error) error {
+	if err := atomicfile.Write(path, fill); err != nil {
 		return fmt.Errorf("hf: %w", err)
-	}
-	if d, err := os.Open(filepath.Dir(path)); err == nil {
-		d.Sync()
-		d.Close()
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"sync/atomic"
 
+	"github.com/titan-go/titan/internal/atomicfile"
 	"github.com/titan-go/titan/internal/comm"
 	"github.com/titan-go/titan/internal/memplan"
 	"github.com/titan-go/titan/internal/memsnap"
@@ -134,10 +135,10 @@ func (m *memSnapper) write(s memsnap.Snapshot, name string) (string, error) {
 		return "", err
 	}
 	base := filepath.Join(dir, fmt.Sprintf("rank%d_%s", s.Rank, name))
-	if err := writeFileAtomic(base+".json", js.Bytes()); err != nil {
+	if err := atomicfile.WriteBytes(base+".json", js.Bytes()); err != nil {
 		return "", fmt.Errorf("memory snapshot: %w", err)
 	}
-	if err := writeFileAtomic(base+".svg", svg.Bytes()); err != nil {
+	if err := atomicfile.WriteBytes(base+".svg", svg.Bytes()); err != nil {
 		return "", fmt.Errorf("memory snapshot: %w", err)
 	}
 	return base, nil

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/titan-go/titan/internal/atomicfile"
 	"github.com/titan-go/titan/internal/comm"
 	"github.com/titan-go/titan/internal/trace"
 )
@@ -250,19 +251,11 @@ func writeWindow(dir string, ranks []trace.RankTrace, other map[string]any) erro
 	}
 	for name, data := range map[string][]byte{"trace.json": chrome.Bytes(), "timeline.svg": svg.Bytes(), "timeline.png": pic.Bytes(),
 		"summary.txt": []byte(trace.FormatSummary(sums)), "summary.json": js} {
-		if err := writeFileAtomic(filepath.Join(dir, name), data); err != nil {
+		if err := atomicfile.WriteBytes(filepath.Join(dir, name), data); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-func writeFileAtomic(path string, data []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }
 
 // sendBytes sends b to rank 0: its length, then its bytes packed 8 to an

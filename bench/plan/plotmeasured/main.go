@@ -10,9 +10,11 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 
+	"github.com/titan-go/titan/internal/atomicfile"
 	"github.com/titan-go/titan/internal/plan"
 )
 
@@ -82,20 +84,7 @@ func draw(results, run, out string) error {
 		tps.Points = append(tps.Points, plan.ErrorPoint{Name: l, Reference: median(rs, func(r row) float64 { return r.MeasuredTPS }), Predicted: rs[len(rs)-1].PredictedTPS})
 		mem.Points = append(mem.Points, plan.ErrorPoint{Name: l, Reference: 1024 * median(rs, func(r row) float64 { return r.MeasuredMem }), Predicted: 1024 * rs[len(rs)-1].PredictedMem})
 	}
-	tmp := out + ".tmp"
-	w, err := os.Create(tmp)
-	if err != nil {
-		return err
-	}
-	err = plan.WriteErrorPlot(w, []plan.ErrorPanel{tps, mem})
-	if cerr := w.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, out)
-	}
-	if err != nil {
-		os.Remove(tmp)
+	if err := atomicfile.Write(out, func(w io.Writer) error { return plan.WriteErrorPlot(w, []plan.ErrorPanel{tps, mem}) }); err != nil {
 		return err
 	}
 	fmt.Printf("wrote %s (run %s, %d layouts)\n", out, run, len(order))

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/titan-go/titan/internal/atomicfile"
 	"github.com/titan-go/titan/kernels"
 )
 
@@ -56,30 +57,9 @@ func cachedCubin(key string, compile func() ([]byte, error)) (cubin []byte, hit 
 		return nil, false, err
 	}
 	if derr == nil {
-		_ = writeAtomic(filepath.Join(dir, key), cubin)
+		if os.MkdirAll(dir, 0o755) == nil {
+			_ = atomicfile.WriteBytes(filepath.Join(dir, key), cubin)
+		}
 	}
 	return cubin, false, nil
-}
-
-func writeAtomic(path string, data []byte) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	f, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
 }

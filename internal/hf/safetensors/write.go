@@ -6,11 +6,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
 	"regexp"
 	"sort"
+
+	"github.com/titan-go/titan/internal/atomicfile"
 )
 
 // Spec names a tensor to write and gives its shape.
@@ -50,7 +53,7 @@ func WriteFile(path string, dtype DType, specs []Spec, src Source, metadata map[
 	if err != nil {
 		return fmt.Errorf("safetensors: writing %s: %w", path, err)
 	}
-	return writeAtomic(path, func(f *os.File) error {
+	return writeAtomic(path, func(f io.Writer) error {
 		var lenBuf [8]byte
 		binary.LittleEndian.PutUint64(lenBuf[:], uint64(len(hdr)))
 		if _, err := f.Write(lenBuf[:]); err != nil {
@@ -119,7 +122,7 @@ func header(specs []Spec, dtype DType, metadata map[string]string) ([]byte, erro
 }
 
 // encode writes data in dtype through the staging buffer buf.
-func encode(f *os.File, buf []byte, dtype DType, data []float32) error {
+func encode(f io.Writer, buf []byte, dtype DType, data []float32) error {
 	es := dtype.Size()
 	per := len(buf) / es
 	for lo := 0; lo < len(data); lo += per {
@@ -141,47 +144,12 @@ func encode(f *os.File, buf []byte, dtype DType, data []float32) error {
 	return nil
 }
 
-// writeAtomic runs fill on a temporary file next to path, syncs it and
-// renames it to path, then syncs the folder. On error the temporary file
-// is removed and path is untouched.
-func writeAtomic(path string, fill func(f *os.File) error) (err error) {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return fmt.Errorf("safetensors: writing %s: %w", path, err)
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
-		}
-	}()
-	if err := fill(f); err != nil {
-		return fmt.Errorf("safetensors: writing %s: %w", path, err)
-	}
-	if err := f.Chmod(0o644); err != nil {
-		return fmt.Errorf("safetensors: writing %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("safetensors: syncing %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("safetensors: closing %s: %w", path, err)
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
+// writeAtomic is atomicfile.Write with safetensors' errors.
+func writeAtomic(path string, fill func(w io.Writer) error) error {
+	if err := atomicfile.Write(path, fill); err != nil {
 		return fmt.Errorf("safetensors: %w", err)
 	}
-	syncDir(dir)
 	return nil
-}
-
-// syncDir makes a rename durable; failures (some file systems refuse to
-// sync folders) are not errors.
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
 }
 
 // Names of the files in a checkpoint folder, as Hugging Face spells them.
@@ -256,7 +224,7 @@ func WriteDir(dir string, dtype DType, specs []Spec, src Source, maxShardBytes i
 		return nil, fmt.Errorf("safetensors: %w", err)
 	}
 	ipath := filepath.Join(dir, IndexFile)
-	if err := writeAtomic(ipath, func(f *os.File) error { _, err := f.Write(append(js, '\n')); return err }); err != nil {
+	if err := writeAtomic(ipath, func(f io.Writer) error { _, err := f.Write(append(js, '\n')); return err }); err != nil {
 		return nil, err
 	}
 	files = append(files, IndexFile)
