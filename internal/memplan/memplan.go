@@ -284,6 +284,22 @@ type Report struct {
 	Comm int64
 	// Head: the rank computes the output projection and the loss.
 	Head bool
+	// Rank is the pipeline rank, and Stages its stages in increasing
+	// order (none without pipeline parallelism).
+	Rank   int
+	Stages []StageReport
+}
+
+// StageReport is what one pipeline stage of a rank holds.
+type StageReport struct {
+	Stage int
+	// Elements are the stage's parameters on the rank (its units'
+	// elements, tp-sharded, before FSDP shards them).
+	Elements int64
+	// Kept are the bytes one activation set of the stage keeps from a
+	// microbatch's forward to its backward (of Activations, with the
+	// schedule's activation sets of the stage: ActivationSets).
+	Kept int64
 }
 
 // Total is the sum of the parts.
@@ -530,10 +546,15 @@ func estimatePipeline(plan Plan) ([]Report, error) {
 		if err != nil {
 			return nil, err
 		}
+		// The rank's sets share one scratch, sized for its largest stage;
+		// validation's sets (forward only: one a stage) share their own.
+		var train, eval scratchSize
+		var stages []StageReport
 		for _, s := range sched.Stages(rank) {
 			spec := pp.Stages[s]
 			ls := llama.StageSpec(spec)
 			specs = append(specs, &ls)
+			first := len(units)
 			if spec.Embedding {
 				units = append(units, embed)
 			}
@@ -543,30 +564,38 @@ func estimatePipeline(plan Plan) ([]Report, error) {
 			if spec.Head {
 				units = append(units, head)
 			}
+			st := StageReport{Stage: s}
+			for _, u := range units[first:] {
+				st.Elements += u
+			}
 			v := stageActivations(plan, pp.MicrobatchRows, spec)
 			if v.err != nil {
 				return nil, v.err
 			}
 			// Each set keeps its microbatch's activations (and a split
-			// backward's output gradients); the scratch is the stage's,
-			// shared by its sets.
+			// backward's output gradients).
 			a := v.act - v.shared
 			if split {
 				a += v.split
 			}
-			act += int64(peak[s])*a + v.shared
+			act += int64(peak[s]) * a
+			st.Kept = a
+			stages = append(stages, st)
+			train.add(v)
 			comm += int64(peak[s]) * v.own
 			staging = max(staging, v.staging)
-			if evalOwn { // validation's set of the stage, with its own scratch
+			if evalOwn {
 				e := planned(plan.Model, evalRows, plan.Eval.SeqLen, llamaPlan(plan, &ls)).scale(plan.Precision)
 				if e.err != nil {
 					return nil, e.err
 				}
-				act += e.act
+				act += e.act - e.shared
+				eval.add(e)
 				comm += e.own
 				staging = max(staging, e.staging)
 			}
 		}
+		act += train.bytes(plan.Precision) + eval.bytes(plan.Precision)
 		f8, err := float8Gathers(plan, pp.MicrobatchRows, specs)
 		if err != nil {
 			return nil, err
@@ -576,6 +605,7 @@ func estimatePipeline(plan Plan) ([]Report, error) {
 			r.Head = r.Head || sp.Head
 		}
 		r.Activations = act
+		r.Rank, r.Stages = rank, stages
 		// The executor's transfer buffers: its receiving side's peak and
 		// the sends in flight.
 		r.Comm = staging + comm + transferBytes(plan, pp.MicrobatchRows, int64(sched.MessageBuffers(rank)+sendsInFlight))
@@ -669,7 +699,7 @@ func (v plannedVal) scale(p Precision) plannedVal {
 // arithmetic that lays out the model's buffers): what a microbatch keeps
 // from its forward to its backward once per microbatch in flight, since a
 // pipeline stage builds one model per microbatch, and the scratch its
-// passes need only while they run once (llama.SharedBytesFor); under
+// passes need only while they run once (llama.ScratchLen); under
 // pipeline parallelism the busier of the first stage (the embedding and
 // pp microbatches in flight, 1F1B) and the last (the head, one in flight).
 // The communication buffers are the host buffers outside them
@@ -756,8 +786,22 @@ type plannedKey struct {
 
 type plannedVal struct {
 	act, split, staging, own int64
-	shared                   int64 // of act, what the sets of a stage share
+	shared                   int64 // of act, the scratch the rank's sets share
+	scratchN, scratchHN      int   // its float32 and bfloat16 elements
 	err                      error
+}
+
+// scratchSize is the scratch the parts of a rank share: the largest of
+// their float32 and bfloat16 elements (model.ActivationScratch.Reserve).
+type scratchSize struct{ n, nh int }
+
+func (s *scratchSize) add(v plannedVal) {
+	s.n, s.nh = max(s.n, v.scratchN), max(s.nh, v.scratchHN)
+}
+
+// bytes is the scratch's size in p's compute precision (see scale).
+func (s scratchSize) bytes(p Precision) int64 {
+	return (int64(s.n)*bytesPerFloat + int64(s.nh)*2) / bytesPerFloat * p.compute()
 }
 
 // plans memoizes planned: searches (titan plan --search) estimate
@@ -778,7 +822,8 @@ func planned(c llama.Config, rows, T int, lp llama.Plan) (v plannedVal) {
 		return v.(plannedVal)
 	}
 	if v.act, v.err = llama.ActivationBytesFor(c, rows, T, lp); v.err == nil {
-		v.shared, _ = llama.SharedBytesFor(c, rows, T, lp)
+		v.scratchN, v.scratchHN, _ = llama.ScratchLen(c, rows, T, lp)
+		v.shared = int64(v.scratchN)*bytesPerFloat + int64(v.scratchHN)*2
 		if v.split, v.err = llama.SplitBytesFor(c, rows, T, lp); v.err == nil {
 			v.staging, v.own, v.err = llama.HostBytesFor(c, rows, T, lp)
 		}

@@ -54,7 +54,7 @@ type Placement struct {
 	// Host, when set, is the staging memory the rank's parts share.
 	Host *HostScratch
 	// Scratch, when set, is the device memory the activation sets of the
-	// stage share (see ActivationScratch); nil: the part has its own.
+	// rank share (see ActivationScratch); nil: the part has its own.
 	Scratch *ActivationScratch
 }
 
@@ -182,6 +182,16 @@ type Family interface {
 	// Rows returns the tokens context-parallel rank cpRank of cp holds
 	// of the rows x (rows of T tokens), in the order its parts expect.
 	Rows(x []int32, T, cp, cpRank int) []int32
+}
+
+// ScratchSizer is a Family that can say, before any part exists, how
+// much of a Placement.Scratch a part takes, so that the parts of one
+// rank's stages, whose shapes differ, share one scratch sized for the
+// largest (ActivationScratch.Reserve).
+type ScratchSizer interface {
+	// ScratchLen is the float32 and bfloat16 elements NewPart(be, B, T,
+	// pl) takes from pl.Scratch.
+	ScratchLen(B, T int, pl Placement) (n, nh int, err error)
 }
 
 // Copy is a range of a stage part's flat buffer (Local) that holds a copy

@@ -34,35 +34,48 @@ func (h *HostScratch) Float32s(name string, n int) []float32 {
 	return b[:n:n]
 }
 
-// ActivationScratch is device memory that the activation sets of one
-// stage on a rank (one per microbatch in flight) share for what a pass
-// needs only while it runs: forward temporaries, recomputation buffers,
-// backward buffers and activation gradients. A rank runs one forward or
-// backward at a time, so one copy serves every set; what a microbatch
-// keeps between its forward and its backward stays in each set. The
-// first part to ask allocates it; a part that finds it holding the
-// state of another part's pass (see Claim) treats it as overwritten.
+// ActivationScratch is device memory that the activation sets of a rank
+// (one per microbatch in flight, of each of its pipeline stages) share
+// for what a pass needs only while it runs: forward temporaries,
+// recomputation buffers, backward buffers and activation gradients. A
+// rank runs one forward or backward at a time, so one copy serves every
+// set; what a microbatch keeps between its forward and its backward stays
+// in each set. Parts of different shapes (the stages of a rank) share it
+// when it was sized for the largest first (Reserve, from a ScratchSizer);
+// otherwise the first part to ask sizes it. A part that finds it holding
+// the state of another part's pass (see Claim) treats it as overwritten.
 type ActivationScratch struct {
+	n, nh     int // reserved elements (Reserve)
 	buf, bufH backend.Tensor
 	taken     bool
 	last      any
 }
 
-// Take returns the scratch, n float32s and nh bfloat16s on be, allocating
-// it on the first call; every later call must ask for the same sizes
-// (the sets of one stage plan the same shapes).
+// Reserve makes the scratch hold at least n float32s and nh bfloat16s
+// once allocated; it must be called before the first Take.
+func (s *ActivationScratch) Reserve(n, nh int) {
+	s.n, s.nh = max(s.n, n), max(s.nh, nh)
+}
+
+// Take returns n float32s and nh bfloat16s of the scratch on be,
+// allocating it on the first call (the larger of what Reserve asked and
+// this call's sizes); a later call may ask for no more than that.
 func (s *ActivationScratch) Take(be backend.Backend, n, nh int) (f32, bf16 backend.Tensor, err error) {
 	if !s.taken {
 		s.taken = true
-		s.buf = be.Alloc(backend.Float32, n)
-		if nh > 0 {
-			s.bufH = be.Alloc(backend.BFloat16, nh)
+		s.buf = be.Alloc(backend.Float32, max(s.n, n))
+		if m := max(s.nh, nh); m > 0 {
+			s.bufH = be.Alloc(backend.BFloat16, m)
 		}
 	}
-	if s.buf.Len != n || s.bufH.Len != nh {
+	if n > s.buf.Len || nh > s.bufH.Len {
 		return backend.Tensor{}, backend.Tensor{}, fmt.Errorf("model: activation scratch of %d float32 and %d bfloat16 elements asked for %d and %d", s.buf.Len, s.bufH.Len, n, nh)
 	}
-	return s.buf, s.bufH, nil
+	f32 = s.buf.Slice(0, n)
+	if nh > 0 {
+		bf16 = s.bufH.Slice(0, nh)
+	}
+	return f32, bf16, nil
 }
 
 // Bytes is the scratch's allocated size.

@@ -233,18 +233,37 @@ func New(be backend.Backend, fam model.Family, g *Groups, o Options) (Engine, er
 		e.stages = append(e.stages, st)
 		byIndex[s] = st
 	}
-	// newSet makes an executor's activation sets; the sets of one stage
-	// share one scratch (the executor runs one pass at a time).
+	// newSet makes an executor's activation sets. They share one scratch
+	// (the executor runs one pass at a time): the rank's, sized for its
+	// largest stage, when the family can size it before any part exists
+	// (model.ScratchSizer); otherwise each stage's sets share their own.
 	newSet := func(rows, T int) func(s int) (pipeline.Stage, error) {
 		scratch := map[int]*model.ActivationScratch{}
+		sizer, rankWide := fam.(model.ScratchSizer)
 		return func(s int) (pipeline.Stage, error) {
 			pl := e.pl
 			pl.Stage = pp.Stages[s]
-			if scratch[s] == nil {
-				scratch[s] = &model.ActivationScratch{}
-				e.scratch = append(e.scratch, scratch[s])
+			key := s
+			if rankWide {
+				key = -1
 			}
-			pl.Scratch = scratch[s]
+			if scratch[key] == nil {
+				sc := &model.ActivationScratch{}
+				if rankWide {
+					for _, o := range pp.Schedule.Stages(ppRank) {
+						ol := e.pl
+						ol.Stage = pp.Stages[o]
+						n, nh, err := sizer.ScratchLen(rows, T, ol)
+						if err != nil {
+							return nil, fmt.Errorf("pipeline stage %d: %w", o, err)
+						}
+						sc.Reserve(n, nh)
+					}
+				}
+				scratch[key] = sc
+				e.scratch = append(e.scratch, sc)
+			}
+			pl.Scratch = scratch[key]
 			p, err := fam.NewPart(be, rows, T, pl)
 			if err != nil {
 				return nil, err

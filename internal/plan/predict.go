@@ -79,12 +79,13 @@ type Prediction struct {
 	MemoryBytes float64
 	Capacity    float64
 	// LossBytes is what PyTorch's loss holds beyond the logits memplan
-	// counts (lossTransient; 0 for titan's chunked loss), and
-	// PipelineGradBytes the unsharded gradients a PyTorch pipeline rank
-	// accumulates over its microbatches (pipelineGradHold; 0 on titan's
-	// executor), both added to the estimate before the calibration's
-	// factor.
-	LossBytes, PipelineGradBytes float64
+	// counts (lossTransient; 0 for titan's chunked loss); at a PyTorch
+	// pipeline rank's peak, PipelineGradBytes are the unsharded gradients
+	// its stages accumulate over their microbatches and PipelineSetBytes
+	// (zero or negative) the activation sets memplan counts that are not
+	// alive then (pipelineGradHold; both 0 on titan's executor). All are
+	// added to the estimate before the calibration's factor.
+	LossBytes, PipelineGradBytes, PipelineSetBytes float64
 	// Step is the step's breakdown.
 	Step Breakdown
 	// Microbatches and BubbleFraction describe the pipeline (1 and 0
@@ -249,8 +250,10 @@ func predict(job Job, c cluster.Cluster, cal Calibration, onlyFitting bool) (Pre
 	// is on its last rank only.
 	var pred Prediction
 	for i, mem := range ranks {
-		p := Prediction{Job: job, Cluster: c, Runtime: rt, Memory: mem, Capacity: c.Device.MemoryBytes,
-			PipelineGradBytes: pipelineGradHold(job, mem, rt)}
+		p := Prediction{Job: job, Cluster: c, Runtime: rt, Memory: mem, Capacity: c.Device.MemoryBytes}
+		if p.PipelineGradBytes, p.PipelineSetBytes, err = pipelineGradHold(job, mp, mem, rt); err != nil {
+			return Prediction{}, err
+		}
 		if mem.Head {
 			p.LossBytes = lossTransient(job, rt)
 		}
@@ -331,37 +334,82 @@ func lossTransient(job Job, rt Runtime) float64 {
 // needed is the memory the job needs before the calibration: memplan's
 // estimate and the runtime's transients beyond it.
 func (p Prediction) needed() float64 {
-	return float64(p.Memory.Total()) + p.LossBytes + p.PipelineGradBytes
+	return float64(p.Memory.Total()) + p.LossBytes + p.PipelineGradBytes + p.PipelineSetBytes
 }
 
 // pipelineGradHold is what a rank of a PyTorch pipeline holds beyond
-// memplan's estimate when FSDP shards its parameters: its stages'
-// gradients unsharded, accumulated over the step's microbatches in the
-// reduce precision (FSDP2 upcasts each microbatch's bf16 gradient into a
-// float32 accumulator when the reduce dtype is float32) until the
-// stage's last backward reduces them. memplan counts the unsharded bf16
-// parameters already (torchtitan does not reshard after the forward
-// under pipeline parallelism, nor does titan) and two unit gradient
-// buffers, which stand for the one unit's bf16 gradient before its
-// upcast. The hold is counted beside the peak of the in-flight
-// activations, which it meets one microbatch's backward later: an
-// overestimate by at most one microbatch's kept activations.
-func pipelineGradHold(job Job, mem memplan.Report, rt Runtime) float64 {
+// memplan's estimate when FSDP shards its parameters, at the rank's peak
+// along its action list. torch.distributed.pipelining runs every
+// backward of a stage but its last without gradient sync, so FSDP2
+// accumulates the stage's gradients unsharded, in the reduce precision
+// (each microbatch's bf16 gradient is upcast into a float32 accumulator
+// when the reduce dtype is float32), from the stage's first backward
+// until its last, whose post-backward reduce-scatters them and frees
+// them: grads is the sum of the holds of the stages between their first
+// and last backward at the peak. PyTorch allocates activations as a
+// microbatch's forward runs, where titan's executor (and memplan) holds
+// every stage's peak number of sets at once: sets (zero or negative) is
+// the kept activations alive at the peak less memplan's. memplan counts
+// the unsharded bf16 parameters already (torchtitan does not reshard
+// after the forward under pipeline parallelism, nor does titan) and two
+// unit gradient buffers, which stand for a unit's bf16 gradient before
+// its upcast.
+func pipelineGradHold(job Job, mp memplan.Plan, mem memplan.Report, rt Runtime) (grads, sets float64, err error) {
 	d := job.Layout.Degrees
-	shard := d.ShardGroup()
-	if !rt.PipelineNoSync || d.PP <= 1 || shard <= 1 {
-		return 0
+	if !rt.PipelineNoSync || d.PP <= 1 || d.ShardGroup() <= 1 {
+		return 0, 0, nil
+	}
+	pp, err := mp.ResolvePipeline()
+	if err != nil {
+		return 0, 0, err
 	}
 	reduce := 4.0
 	if rt.Precision.ReduceBF16 {
 		reduce = 2
 	}
-	state := float64(rt.Precision.State)
-	if state == 0 {
-		state = 4
+	kept, hold := map[int]float64{}, map[int]float64{}
+	for _, st := range mem.Stages {
+		kept[st.Stage], hold[st.Stage] = float64(st.Kept), float64(st.Elements)*reduce
 	}
-	// memplan's gradients are the rank's shard, state bytes an element.
-	return float64(mem.Grads) / state * float64(shard) * reduce
+	acts := pp.Schedule.Actions[mem.Rank]
+	first, last := map[int]int{}, map[int]int{}
+	for i, a := range acts {
+		if a.Kind == pipeline.Forward {
+			continue
+		}
+		if _, ok := first[a.Stage]; !ok {
+			first[a.Stage] = i
+		}
+		last[a.Stage] = i
+	}
+	peakSets, _ := pp.Schedule.ActivationSets(mem.Rank)
+	var static float64
+	for s, n := range peakSets {
+		static += float64(n) * kept[s]
+	}
+	live := map[int]int{}
+	peak := -1.0
+	for i, a := range acts {
+		if a.Kind == pipeline.Forward {
+			live[a.Stage]++
+		}
+		var k, g float64
+		for s, n := range live {
+			k += float64(n) * kept[s]
+		}
+		for s, h := range hold {
+			if f, ok := first[s]; ok && f <= i && i <= last[s] {
+				g += h
+			}
+		}
+		if k+g > peak {
+			peak, grads, sets = k+g, g, k-static
+		}
+		if a.Kind == pipeline.Backward || a.Kind == pipeline.BackwardWeight {
+			live[a.Stage]--
+		}
+	}
+	return grads, sets, nil
 }
 
 // rankShare is what the busiest pipeline rank holds: its layers, whether

@@ -40,6 +40,7 @@ type JSONPrediction struct {
 		// What PyTorch holds beyond memplan's estimate on a GPU runtime.
 		Loss          float64 `json:"pytorch_loss,omitempty"`
 		PipelineGrads float64 `json:"pytorch_pipeline_grads,omitempty"`
+		PipelineSets  float64 `json:"pytorch_pipeline_sets,omitempty"`
 		Predicted     float64 `json:"predicted"`
 		Capacity      float64 `json:"capacity"`
 		Fits          bool    `json:"fits"`
@@ -69,7 +70,7 @@ func (p Prediction) JSON() JSONPrediction {
 	j.Memory.Params, j.Memory.Grads, j.Memory.Optimizer = m.Params, m.Grads, m.Optimizer
 	j.Memory.FSDPBuffers, j.Memory.Activations, j.Memory.Comm, j.Memory.Total = m.FSDPBuffers, m.Activations, m.Comm, m.Total()
 	j.Memory.Predicted, j.Memory.Capacity, j.Memory.Fits = p.MemoryBytes, p.Capacity, p.Fits()
-	j.Memory.Loss, j.Memory.PipelineGrads = p.LossBytes, p.PipelineGradBytes
+	j.Memory.Loss, j.Memory.PipelineGrads, j.Memory.PipelineSets = p.LossBytes, p.PipelineGradBytes, p.PipelineSetBytes
 	j.Step, j.StepTotal, j.FSDPTotal, j.DPTotal = p.Step.parts(), p.Step.Step, p.Step.FSDPTotal, p.Step.DPTotal
 	j.BubbleFraction, j.TokensPerDevice, j.MFU = p.BubbleFraction, p.TokensPerDevice, p.MFU
 	return j
@@ -99,7 +100,7 @@ func WriteTable(w io.Writer, p Prediction, cal Calibration) {
 	for _, x := range []struct {
 		n string
 		v float64
-	}{{"+ PyTorch loss (float32 copies)", p.LossBytes}, {"+ PyTorch pipeline gradients", p.PipelineGradBytes}} {
+	}{{"+ PyTorch loss (float32 copies)", p.LossBytes}, {"+ PyTorch pipeline gradients", p.PipelineGradBytes}, {"- activation sets not alive at the peak", -p.PipelineSetBytes}} {
 		if x.v > 0 {
 			fmt.Fprintf(w, "  %-36s %12s\n", x.n, bytesize.Human(int64(x.v)))
 		}

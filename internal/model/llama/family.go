@@ -51,9 +51,8 @@ func (f Family) FLOPsPerToken(T int) float64 { return f.Cfg.FLOPsPerToken(T) }
 // Check implements model.Family.
 func (f Family) Check(T, tp, cp int) error { return CheckParallel(f.Cfg, T, tp, cp) }
 
-// NewPart implements model.Family: a Model of plan pl with external
-// parameter buffers.
-func (f Family) NewPart(be backend.Backend, B, T int, pl model.Placement) (model.Part, error) {
+// partPlan is the model plan of a part placed at pl.
+func (f Family) partPlan(pl model.Placement) Plan {
 	spec := StageSpec(pl.Stage)
 	plan := Plan{
 		TP: pl.TP, TPRank: pl.TPRank, CP: pl.CP, CPRank: pl.CPRank, Stage: &spec,
@@ -62,7 +61,18 @@ func (f Family) NewPart(be backend.Backend, B, T int, pl model.Placement) (model
 	if max(pl.TP, 1)*max(pl.CP, 1) > 1 {
 		plan.Comm = &tp.Comm{TP: pl.TPGroup, CP: pl.CPGroup}
 	}
-	m, err := New(be, f.Cfg, B, T, plan)
+	return plan
+}
+
+// ScratchLen implements model.ScratchSizer.
+func (f Family) ScratchLen(B, T int, pl model.Placement) (n, nh int, err error) {
+	return ScratchLen(f.Cfg, B, T, f.partPlan(pl))
+}
+
+// NewPart implements model.Family: a Model of plan pl with external
+// parameter buffers.
+func (f Family) NewPart(be backend.Backend, B, T int, pl model.Placement) (model.Part, error) {
+	m, err := New(be, f.Cfg, B, T, f.partPlan(pl))
 	if err != nil {
 		return nil, err
 	}

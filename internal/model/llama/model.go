@@ -43,7 +43,7 @@ type UnitHooks = model.UnitHooks
 // flat buffers in LocalLayout order (Params, Grads); all activation
 // memory is planned by New, which allocates what the model keeps between
 // a forward and its backward and takes the rest, its scratch, from
-// Plan.Scratch (shared with the other activation sets of its stage) or
+// Plan.Scratch (shared with the rank's other activation sets) or
 // allocates it too.
 type Model struct {
 	Cfg Config // the whole model's shape
@@ -197,7 +197,7 @@ func HostBytesFor(cfg Config, B, T int, plan Plan) (staging, own int64, err erro
 // ActivationBytesFor is the activation memory (bytes) that New plans for
 // plan with batches of B×T tokens, computed without allocating it: what
 // the model keeps between a forward and its backward and its scratch
-// (SharedBytesFor of it), which models sharing a Plan.Scratch share.
+// (ScratchLen of it), which models sharing a Plan.Scratch share.
 func ActivationBytesFor(cfg Config, B, T int, plan Plan) (int64, error) {
 	m, err := planModel(cfg, B, T, plan)
 	if err != nil {
@@ -206,16 +206,17 @@ func ActivationBytesFor(cfg Config, B, T int, plan Plan) (int64, error) {
 	return int64(m.keptN+m.tempN)*4 + int64(m.keptHN+m.tempHN)*2, nil
 }
 
-// SharedBytesFor is the part of ActivationBytesFor that a pass needs only
+// ScratchLen is the part of ActivationBytesFor that a pass needs only
 // while it runs (forward temporaries, the recomputed layers' scratch set,
 // backward buffers and activation gradients, a stage's output), which
-// the models sharing a Plan.Scratch hold once.
-func SharedBytesFor(cfg Config, B, T int, plan Plan) (int64, error) {
+// the models sharing a Plan.Scratch hold once: n float32 and nh bfloat16
+// elements (nh > 0 under bfloat16 mixed precision).
+func ScratchLen(cfg Config, B, T int, plan Plan) (n, nh int, err error) {
 	m, err := planModel(cfg, B, T, plan)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return int64(m.tempN)*4 + int64(m.tempHN)*2, nil
+	return m.tempN, m.tempHN, nil
 }
 
 // SplitBytesFor is the memory (bytes) that ReserveSplit adds to a part

@@ -33,9 +33,10 @@ type Plan struct {
 	// must not compute at the same time; nil: the model's own.
 	Host *model.HostScratch
 	// Scratch, when set, holds the activation memory a pass needs only
-	// while it runs (see SharedBytesFor), shared with the other models of
-	// the same plan and shape on the rank, which must not compute at the
-	// same time; nil: the model's own.
+	// while it runs (see ScratchLen), shared with the rank's other
+	// models, which must not compute at the same time; it must have been
+	// reserved for the largest of them unless they all have the same
+	// shape (see model.ActivationScratch); nil: the model's own.
 	Scratch *model.ActivationScratch
 	// Stage, when set, restricts the model to one pipeline stage.
 	Stage *StageSpec

@@ -15,7 +15,7 @@ import (
 // after the other, bitwise, under every checkpointing policy and with
 // the logits whole or chunked; a set whose recomputed layer another
 // set's pass overwrote recomputes it. Each set allocates only what it
-// keeps, the scratch SharedBytesFor once.
+// keeps, the scratch ScratchLen once.
 func TestSetsShareTheScratch(t *testing.T) {
 	cfg := Config{Dim: 32, NLayers: 4, NHeads: 4, NKVHeads: 2, VocabSize: 61, MultipleOf: 16, NormEps: 1e-5, RoPETheta: 10000, MaxSeqLen: 16}
 	const B, T = 2, 8
@@ -53,7 +53,8 @@ func TestSetsShareTheScratch(t *testing.T) {
 		}
 		if shared {
 			total, _ := ActivationBytesFor(cfg, B, T, plan)
-			sh, _ := SharedBytesFor(cfg, B, T, plan)
+			n, nh, _ := ScratchLen(cfg, B, T, plan)
+			sh := int64(n)*4 + int64(nh)*2
 			got := sets[0].ActivationBytes() + sets[1].ActivationBytes() + sc.Bytes()
 			if sc.Bytes() != sh || got != 2*total-sh || sh <= 0 {
 				t.Errorf("sets %d + %d bytes and scratch %d, want 2×%d - %d shared", sets[0].ActivationBytes(), sets[1].ActivationBytes(), sc.Bytes(), total, sh)
