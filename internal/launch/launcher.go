@@ -25,6 +25,13 @@ import (
 // launcher stops them; a variable for tests.
 var killGrace = 5 * time.Second
 
+// failureSettle is how long the launcher waits, once a worker has
+// failed, for the ends of the others before it names the failure and
+// stops them: a worker killed by a signal makes its peers fail at their
+// next collective, and both ends reach the launcher within moments, in
+// either order. A variable for tests.
+var failureSettle = time.Second
+
 // heartbeatTimeout is how long a worker's heartbeats may stop before the
 // launcher's control server declares it lost (0: the control default).
 var heartbeatTimeout time.Duration
@@ -106,7 +113,9 @@ func (e *WorkerError) ExitCode() int {
 // When a worker exits non-zero or is killed, or the control server reports
 // a rank lost or failed, Launch stops the other workers (SIGTERM, then
 // SIGKILL after a grace period) and returns a *WorkerError naming the rank
-// and how it died. It returns nil when every worker exits 0, and an error
+// and how it died: the root cause among the failures of the next second
+// (a worker killed by a signal, rather than the peers whose collectives
+// then failed, whichever the launcher saw first). It returns nil when every worker exits 0, and an error
 // wrapping ErrInterrupted after a signal or when ctx ends. On node 0 of
 // several, Launch keeps the control server up after its own workers are
 // done until the other nodes' ranks have reported their exit (or 30 s
@@ -141,8 +150,9 @@ type launcher struct {
 	workers []*child
 	byRank  map[int]*child
 	reasons map[int]string // exit reasons reported through the control plane
-	failure error
-	intr    os.Signal // the first signal received
+	failure *WorkerError
+	settle  <-chan time.Time // armed by the first failure (see fail)
+	intr    os.Signal        // the first signal received
 	ctxErr  error
 	killAt  <-chan time.Time
 	stopped bool
@@ -323,6 +333,8 @@ func (l *launcher) supervise(ctx context.Context, sigs <-chan os.Signal, endpoin
 			l.ctxErr = ctx.Err()
 			l.logf("%v; stopping the workers", l.ctxErr)
 			l.stop()
+		case <-l.settle:
+			l.failed()
 		case <-l.killAt:
 			l.killAt = nil
 			l.logf("workers still running %v after SIGTERM; killing them", killGrace)
@@ -331,6 +343,9 @@ func (l *launcher) supervise(ctx context.Context, sigs <-chan os.Signal, endpoin
 	}
 	if events != nil && spec.NNodes > 1 && l.failure == nil && l.intr == nil && l.ctxErr == nil && l.endReason == "" {
 		l.awaitOtherNodes(ctx, events, sigs)
+	}
+	if l.settle != nil { // every local worker ended within the window
+		l.failed()
 	}
 	switch {
 	case l.failure != nil:
@@ -452,14 +467,39 @@ func (l *launcher) event(ev control.Event) {
 
 func (l *launcher) nodeOf(rank int) int { return rank / l.spec.NProcPerNode }
 
-// fail records the failure that ends the job and stops the other workers.
+// fail records a worker's failure. The first arms failureSettle; until
+// it fires (failed), later failures may replace it as the one that ends
+// the job: the root cause, by causeRank.
 func (l *launcher) fail(we *WorkerError) {
-	l.failure = we
+	if l.failure == nil {
+		l.settle = time.After(failureSettle)
+	}
+	if l.failure == nil || causeRank(we) > causeRank(l.failure) {
+		l.failure = we
+	}
+}
+
+// causeRank orders failures seen together by how surely they are a root
+// cause: a worker killed by a signal (before the launcher signals
+// anyone) did not die of a peer's end, while one that exits with a status
+// or stops its heartbeats may have (its collectives fail once a peer is
+// gone).
+func causeRank(we *WorkerError) int {
+	if we.Signal != 0 {
+		return 1
+	}
+	return 0
+}
+
+// failed names the failure that ends the job and stops the other
+// workers.
+func (l *launcher) failed() {
+	l.settle = nil
 	if l.onFail != nil {
-		l.logf("worker %v; stopping the workers", we)
-		l.onFail(we)
+		l.logf("worker %v; stopping the workers", l.failure)
+		l.onFail(l.failure)
 	} else {
-		l.logf("%v; stopping the job", we)
+		l.logf("%v; stopping the job", l.failure)
 	}
 	l.stop()
 }

@@ -142,6 +142,16 @@ func TestLaunchWorkerFailureStopsOthers(t *testing.T) {
 			wantMsg: `^rank 2 \(pid \d+\) was killed by signal 9 \(killed\)$`,
 		},
 		{
+			// The peer's exit, a consequence, is seen first; the
+			// launcher names the kill, the cause.
+			name:    "kill -9 after which a peer exits",
+			actions: "1:dying;0:exitwhendying=1;*:hang",
+			check: func(e *WorkerError) bool {
+				return e.Rank == 1 && e.Signal == syscall.SIGKILL && e.Status == -1 && e.ExitCode() == 137
+			},
+			wantMsg: `^rank 1 \(pid \d+\) was killed by signal 9 \(killed\)$`,
+		},
+		{
 			name:    "kill -9 with workers that ignore SIGTERM",
 			actions: "0:kill;*:stubborn",
 			grace:   300 * time.Millisecond,

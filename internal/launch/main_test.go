@@ -98,16 +98,29 @@ func fakeWorker(spec string) int {
 		fmt.Printf("hello from rank %d\n", rank)
 		return code
 	case action == "kill":
-		world, _ := strconv.Atoi(os.Getenv("WORLD_SIZE"))
-		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-			n, _ := filepath.Glob(filepath.Join(dir, "ready.*"))
-			if len(n) >= world-1 {
-				break
-			}
-		}
+		awaitPeers(dir)
 		fmt.Println("killing myself")
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {}
+	case action == "dying":
+		// As "kill", but first says so (the file "dying") and takes
+		// 300 ms to die: a peer's consequent failure reaches the launcher
+		// first (see "exitwhendying").
+		awaitPeers(dir)
+		os.WriteFile(filepath.Join(dir, "dying"), nil, 0o644)
+		time.Sleep(300 * time.Millisecond)
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {}
+	case strings.HasPrefix(action, "exitwhendying="):
+		code, _ := strconv.Atoi(strings.TrimPrefix(action, "exitwhendying="))
+		ready()
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if _, err := os.Stat(filepath.Join(dir, "dying")); err == nil {
+				break
+			}
+		}
+		fmt.Println("my peer is gone")
+		return code
 	case action == "hang":
 		ready()
 		select {}
@@ -143,6 +156,18 @@ func fakeWorker(spec string) int {
 	}
 	fmt.Fprintf(os.Stderr, "fake worker: no action for rank %d in %q\n", rank, spec)
 	return 2
+}
+
+// awaitPeers waits (at most 30 s) until every other rank said it is
+// ready.
+func awaitPeers(dir string) {
+	world, _ := strconv.Atoi(os.Getenv("WORLD_SIZE"))
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		n, _ := filepath.Glob(filepath.Join(dir, "ready.*"))
+		if len(n) >= world-1 {
+			return
+		}
+	}
 }
 
 // watchWriter collects output and signals when n lines contain want.
