@@ -721,3 +721,51 @@ func h100(t *testing.T) (cluster.Cluster, Calibration) {
 	}
 	return gpu, cal
 }
+
+// TestRankMemory checks the per-rank memory of a pipeline: one figure a
+// pipeline rank, the largest of them the prediction's memory, the last
+// rank's with PyTorch's loss (the rank that computes it), and none
+// without pipeline parallelism.
+func TestRankMemory(t *testing.T) {
+	rs, cal, err := CompareReference()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rs {
+		p := r.Prediction
+		d := p.Job.Layout.Degrees
+		if d.PP == 1 {
+			if p.RankMemoryBytes != nil {
+				t.Errorf("%s: %d per-rank figures without pipeline parallelism", r.Row.Name, len(p.RankMemoryBytes))
+			}
+			continue
+		}
+		if len(p.RankMemoryBytes) != d.PP {
+			t.Fatalf("%s: %d per-rank figures for pp %d", r.Row.Name, len(p.RankMemoryBytes), d.PP)
+		}
+		largest := 0.0
+		for _, b := range p.RankMemoryBytes {
+			largest = max(largest, b)
+		}
+		if largest != p.MemoryBytes {
+			t.Errorf("%s: largest rank %g bytes, prediction %g", r.Row.Name, largest, p.MemoryBytes)
+		}
+		mp, err := p.Job.MemPlan(p.Runtime)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ranks, err := memplan.EstimateRanks(mp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := ranks[d.PP-1]
+		grads, sets, err := pipelineGradHold(p.Job, mp, last, p.Runtime)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := cal.MemoryFactor*(float64(last.Total())+lossTransient(p.Job, p.Runtime)+grads+sets) + cal.MemoryBase
+		if !last.Head || math.Abs(p.RankMemoryBytes[d.PP-1]/want-1) > 1e-12 {
+			t.Errorf("%s: last rank %g bytes, want %g with the loss (head %v)", r.Row.Name, p.RankMemoryBytes[d.PP-1], want, last.Head)
+		}
+	}
+}

@@ -78,6 +78,10 @@ type Prediction struct {
 	Memory      memplan.Report
 	MemoryBytes float64
 	Capacity    float64
+	// RankMemoryBytes is the device memory predicted for each pipeline
+	// rank, in rank order (nil without pipeline parallelism: every rank
+	// holds the same); MemoryBytes is their largest.
+	RankMemoryBytes []float64
 	// LossBytes is what PyTorch's loss holds beyond the logits memplan
 	// counts (lossTransient; 0 for titan's chunked loss); at a PyTorch
 	// pipeline rank's peak, PipelineGradBytes are the unsharded gradients
@@ -249,6 +253,7 @@ func predict(job Job, c cluster.Cluster, cal Calibration, onlyFitting bool) (Pre
 	// The busiest rank with the runtime's transients: a pipeline's loss
 	// is on its last rank only.
 	var pred Prediction
+	perRank := make([]float64, len(ranks))
 	for i, mem := range ranks {
 		p := Prediction{Job: job, Cluster: c, Runtime: rt, Memory: mem, Capacity: c.Device.MemoryBytes}
 		if p.PipelineGradBytes, p.PipelineSetBytes, err = pipelineGradHold(job, mp, mem, rt); err != nil {
@@ -257,11 +262,15 @@ func predict(job Job, c cluster.Cluster, cal Calibration, onlyFitting bool) (Pre
 		if mem.Head {
 			p.LossBytes = lossTransient(job, rt)
 		}
+		perRank[i] = cal.MemoryFactor*p.needed() + cal.MemoryBase
 		if i == 0 || p.needed() > pred.needed() {
 			pred = p
 		}
 	}
 	pred.MemoryBytes = cal.MemoryFactor*pred.needed() + cal.MemoryBase
+	if len(perRank) > 1 {
+		pred.RankMemoryBytes = perRank
+	}
 	if onlyFitting && !pred.Fits() {
 		return pred, nil
 	}

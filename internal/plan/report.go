@@ -38,12 +38,13 @@ type JSONPrediction struct {
 		Comm        int64 `json:"comm"`
 		Total       int64 `json:"memplan_total"`
 		// What PyTorch holds beyond memplan's estimate on a GPU runtime.
-		Loss          float64 `json:"pytorch_loss,omitempty"`
-		PipelineGrads float64 `json:"pytorch_pipeline_grads,omitempty"`
-		PipelineSets  float64 `json:"pytorch_pipeline_sets,omitempty"`
-		Predicted     float64 `json:"predicted"`
-		Capacity      float64 `json:"capacity"`
-		Fits          bool    `json:"fits"`
+		Loss          float64   `json:"pytorch_loss,omitempty"`
+		PipelineGrads float64   `json:"pytorch_pipeline_grads,omitempty"`
+		PipelineSets  float64   `json:"pytorch_pipeline_sets,omitempty"`
+		Predicted     float64   `json:"predicted"`
+		PerRank       []float64 `json:"predicted_per_pipeline_rank,omitempty"`
+		Capacity      float64   `json:"capacity"`
+		Fits          bool      `json:"fits"`
 	} `json:"memory_bytes"`
 	Step            []namedTime `json:"step_seconds"`
 	StepTotal       float64     `json:"step_total_seconds"`
@@ -70,6 +71,7 @@ func (p Prediction) JSON() JSONPrediction {
 	j.Memory.Params, j.Memory.Grads, j.Memory.Optimizer = m.Params, m.Grads, m.Optimizer
 	j.Memory.FSDPBuffers, j.Memory.Activations, j.Memory.Comm, j.Memory.Total = m.FSDPBuffers, m.Activations, m.Comm, m.Total()
 	j.Memory.Predicted, j.Memory.Capacity, j.Memory.Fits = p.MemoryBytes, p.Capacity, p.Fits()
+	j.Memory.PerRank = p.RankMemoryBytes
 	j.Memory.Loss, j.Memory.PipelineGrads, j.Memory.PipelineSets = p.LossBytes, p.PipelineGradBytes, p.PipelineSetBytes
 	j.Step, j.StepTotal, j.FSDPTotal, j.DPTotal = p.Step.parts(), p.Step.Step, p.Step.FSDPTotal, p.Step.DPTotal
 	j.BubbleFraction, j.TokensPerDevice, j.MFU = p.BubbleFraction, p.TokensPerDevice, p.MFU
@@ -110,6 +112,13 @@ func WriteTable(w io.Writer, p Prediction, cal Calibration) {
 		fits = "DOES NOT FIT"
 	}
 	fmt.Fprintf(w, "  %-36s %12s  of %s: %s\n", fmt.Sprintf("device (×%.3g + %s)", cal.MemoryFactor, bytesize.Human(int64(cal.MemoryBase))), bytesize.Human(int64(p.MemoryBytes)), bytesize.Human(int64(p.Capacity)), fits)
+	if len(p.RankMemoryBytes) > 1 {
+		ranks := make([]string, len(p.RankMemoryBytes))
+		for i, b := range p.RankMemoryBytes {
+			ranks[i] = bytesize.Human(int64(b))
+		}
+		fmt.Fprintf(w, "  %-36s %s\n", "device, pipeline rank 0, 1, …", strings.Join(ranks, ", "))
+	}
 	fmt.Fprintf(w, "step time (busiest rank)\n")
 	for _, x := range p.Step.parts() {
 		if x.Seconds == 0 {
