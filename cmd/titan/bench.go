@@ -183,7 +183,7 @@ all_to_all).`,
 	}
 	f := cmd.Flags()
 	lf.register(cmd)
-	f.StringVar(&op, "op", "allreduce", "allreduce, reduce_scatter, all_gather, all_to_all or broadcast")
+	f.StringVar(&op, "op", "allreduce", "allreduce, reduce_scatter, all_gather, all_to_all, broadcast or sendrecv (each rank to the next)")
 	f.StringVar(&size, "size", "64MiB", "buffer size (e.g. 1MiB, 64MiB, 1GiB)")
 	f.StringVar(&transport, "transport", "auto", "auto (shared memory on one host), tcp or shm")
 	f.IntVar(&iters, "iters", 10, "timed iterations")

@@ -21,11 +21,12 @@ type BenchResult struct {
 }
 
 // BenchOps lists the operations BenchCollective measures.
-var BenchOps = []string{"allreduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast"}
+var BenchOps = []string{"allreduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "sendrecv"}
 
 // BusFactor returns the factor between algorithm and bus bandwidth of op
 // on n ranks (nccl-tests): 2(n-1)/n for allreduce, (n-1)/n for
-// reduce_scatter, all_gather and all_to_all, 1 for broadcast.
+// reduce_scatter, all_gather and all_to_all, 1 for broadcast and
+// sendrecv.
 func BusFactor(op string, n int) (float64, error) {
 	f := float64(n-1) / float64(n)
 	switch op {
@@ -33,7 +34,7 @@ func BusFactor(op string, n int) (float64, error) {
 		return 2 * f, nil
 	case "reduce_scatter", "all_gather", "all_to_all":
 		return f, nil
-	case "broadcast":
+	case "broadcast", "sendrecv":
 		return 1, nil
 	}
 	return 0, fmt.Errorf("comm: unknown benchmark op %q (want one of %v)", op, BenchOps)
@@ -42,7 +43,9 @@ func BusFactor(op string, n int) (float64, error) {
 // BenchCollective times op on float32 data of sizeBytes (nccl-tests
 // sizes: the whole buffer for allreduce and broadcast, the whole input of
 // reduce_scatter, the whole output of all_gather, the whole send buffer of
-// all_to_all). Every member of g calls it with the same arguments; all
+// all_to_all, what each rank sends in sendrecv: rank r sends to r+1 and
+// receives as much from r-1, both at once, as a pipeline's stages and
+// ring attention's rotations do). Every member of g calls it with the same arguments; all
 // get the same result: the mean over iters operations after warmup
 // untimed ones, taking the slowest rank's time.
 func BenchCollective(ctx context.Context, g Group, op string, sizeBytes int, iters, warmup int) (BenchResult, error) {
@@ -78,6 +81,17 @@ func BenchCollective(ctx context.Context, g Group, op string, sizeBytes int, ite
 	case "all_to_all":
 		b = make([]float32, elems)
 		run = func() error { return g.AllToAll(ctx, F32(a), F32(b), nil, nil) }
+	case "sendrecv":
+		b = make([]float32, elems)
+		r := g.Rank()
+		run = func() error {
+			w := g.SendAsync(ctx, F32(a), (r+1)%n)
+			errR := g.Recv(ctx, F32(b), (r-1+n)%n)
+			if err := w.Wait(); err != nil {
+				return err
+			}
+			return errR
+		}
 	}
 	for range warmup {
 		if err := run(); err != nil {

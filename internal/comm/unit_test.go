@@ -122,7 +122,7 @@ func TestBusFactor(t *testing.T) {
 		op   string
 		n    int
 		want float64
-	}{{"allreduce", 4, 1.5}, {"allreduce", 2, 1}, {"reduce_scatter", 4, 0.75}, {"all_gather", 2, 0.5}, {"all_to_all", 3, 2.0 / 3}, {"broadcast", 4, 1}} {
+	}{{"allreduce", 4, 1.5}, {"allreduce", 2, 1}, {"reduce_scatter", 4, 0.75}, {"all_gather", 2, 0.5}, {"all_to_all", 3, 2.0 / 3}, {"broadcast", 4, 1}, {"sendrecv", 4, 1}} {
 		if got, err := BusFactor(tc.op, tc.n); err != nil || math.Abs(got-tc.want) > 1e-12 {
 			t.Errorf("BusFactor(%s, %d) = %v, %v; want %v", tc.op, tc.n, got, err, tc.want)
 		}

@@ -845,4 +845,6 @@ var errPlanOnly = fmt.Errorf("memplan: planning only, no communication")
 func (planOnly) AllGatherSeq(send, recv []float32) error     { return errPlanOnly }
 func (planOnly) ReduceScatterSeq(send, recv []float32) error { return errPlanOnly }
 func (planOnly) AllReduceTP(x []float32, max bool) error     { return errPlanOnly }
-func (planOnly) RingShift(send, recv []float32) error        { return errPlanOnly }
+func (planOnly) RingShiftAsync(send, recv []float32) func() error {
+	return func() error { return errPlanOnly }
+}

@@ -125,7 +125,8 @@ func (c Calibration) Validate() error {
 
 // collective returns the time of op on n processes for size bytes from
 // the measured fits: the fit of n processes, else of the nearest count
-// measured, scaled by the ring's (n-1)/n factor; ok false when op was
+// measured, scaled by the ring's (n-1)/n factor (none for sendrecv, in
+// which every rank sends size bytes to one peer); ok false when op was
 // not measured.
 func (c Calibration) collective(op string, n int, size float64) (float64, bool) {
 	var fits []Collective
@@ -139,6 +140,9 @@ func (c Calibration) collective(op string, n int, size float64) (float64, bool) 
 	}
 	sort.Slice(fits, func(i, j int) bool { return abs(fits[i].NProc-n) < abs(fits[j].NProc-n) })
 	k := fits[0]
+	if op == "sendrecv" { // every rank moves size, whatever n
+		return k.Latency + size/k.Bandwidth, true
+	}
 	scale := (float64(n-1) / float64(n)) / (float64(k.NProc-1) / float64(k.NProc))
 	return k.Latency*float64(n-1)/float64(k.NProc-1) + size*scale/k.Bandwidth, true
 }

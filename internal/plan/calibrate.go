@@ -46,8 +46,10 @@ type CalibrateOptions struct {
 // CalibrateCPU measures, on this host, titan's own kernels at the
 // shapes of a model (GEMMs of its projections, causal attention, the
 // RMSNorm and SwiGLU passes with their backwards), its collectives over
-// worker processes (titan bench comm: allreduce, all_gather and
-// reduce_scatter at a small and a large size for each process count)
+// worker processes (titan bench comm: allreduce, all_gather,
+// reduce_scatter and the pipeline's and ring attention's exchange with
+// the next rank, sendrecv, at a small and a large size for each process
+// count)
 // and how a titan train process's memory relates to memplan's estimate
 // (two 2-step runs of the tiny_bench model, see measureMemory); a short
 // one-process run of the tiny_bench model then scales the kernels'
@@ -98,7 +100,7 @@ func CalibrateCPU(ctx context.Context, c cluster.Cluster, o CalibrateOptions) (C
 		return cal, fmt.Errorf("plan: calibrate: no titan binary to run the collectives with")
 	}
 	for _, n := range o.NProcs {
-		for _, op := range []string{"allreduce", "all_gather", "reduce_scatter"} {
+		for _, op := range []string{"allreduce", "all_gather", "reduce_scatter", "sendrecv"} {
 			fit, err := measureCollective(ctx, o.Exe, op, n)
 			if err != nil {
 				return cal, err

@@ -769,3 +769,37 @@ func TestRankMemory(t *testing.T) {
 		}
 	}
 }
+
+// TestP2PTime: on a CPU host a point-to-point transfer is the measured
+// sendrecv of the nearest process count, unscaled by the ring factor
+// (every rank sends its bytes to one peer); a calibration without one
+// takes the two-process all_gather of twice the bytes, and a GPU cluster
+// the link.
+func TestP2PTime(t *testing.T) {
+	cpu, err := cluster.Load("cpu-2core")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cal := cpuCal()
+	const size = 2 << 20
+	before := p2pTime(cpu, cal, Runtime{}, cpu.Intra, 2, size)
+	if want, _ := cal.collective("all_gather", 2, 2*size); before != want {
+		t.Errorf("without sendrecv: %g s, want the all_gather's %g", before, want)
+	}
+	cal.Collectives = append(cal.Collectives, Collective{Op: "sendrecv", NProc: 2, Latency: 7e-5, Bandwidth: 2e9}, Collective{Op: "sendrecv", NProc: 4, Latency: 1e-4, Bandwidth: 1e9})
+	for _, c := range []struct {
+		n    int
+		want float64
+	}{{2, 7e-5 + size/2e9}, {4, 1e-4 + size/1e9}, {8, 1e-4 + size/1e9}} {
+		if got := p2pTime(cpu, cal, Runtime{}, cpu.Intra, c.n, size); math.Abs(got/c.want-1) > 1e-12 {
+			t.Errorf("sendrecv in a group of %d: %g s, want %g", c.n, got, c.want)
+		}
+	}
+	gpu, err := cluster.Load("h100-sxm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := p2pTime(gpu, cal, Runtime{}, gpu.Intra, 2, size), size/(gpu.Intra.Bandwidth*cal.Comm)+gpu.Intra.Latency; got != want {
+		t.Errorf("GPU link: %g s, want %g", got, want)
+	}
+}

@@ -177,7 +177,7 @@ func torchRing(c cluster.Cluster, cal Calibration, rt Runtime, link cluster.Link
 	kv := 2 * o * cb
 	gather := ringTime(c, cal, rt, "all_gather", cp, link, n*kv)
 	fwd = math.Max(0, gather-perF/n)
-	pass := p2pTime(c, cal, rt, link, 2*o*4)
+	pass := p2pTime(c, cal, rt, link, cp, 2*o*4)
 	bwd = math.Max(0, gather-perB/n) + (n-1)*math.Max(0, pass-perB/n)
 	// Bytes per element of o: a bf16 k/v copy reads and writes 2·cb per
 	// tensor; a float32 merge step reads the block (cb) and writes and
@@ -549,7 +549,7 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 			// cp-1 rotations of the key/value shards in the forward, of
 			// them and their gradients in the backward; overlapped with the
 			// attention blocks on a GPU.
-			rot := float64(d.CP-1) * p2pTime(c, cal, rt, link, 2*N*KV/tp*cb)
+			rot := float64(d.CP-1) * p2pTime(c, cal, rt, link, d.CP, 2*N*KV/tp*cb)
 			cpF, cpB = rot, 2*rot
 			if rt.Overlap {
 				cpF, cpB = math.Max(0, cpF-perF), math.Max(0, cpB-perB)
@@ -572,7 +572,7 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 	}
 	lat := 0.0
 	if d.PP > 1 {
-		lat = p2pTime(c, cal, rt, groupLink(c, d, "pp"), N*D/tp*cb)
+		lat = p2pTime(c, cal, rt, groupLink(c, d, "pp"), d.PP, N*D/tp*cb)
 	}
 	sim := sched.Simulate(costF, costB, costW, lat)
 	if sim.Err != nil {
@@ -776,12 +776,21 @@ func ringTime(c cluster.Cluster, cal Calibration, rt Runtime, op string, n int, 
 	return f*size/(link.Bandwidth*cal.Comm) + steps*link.Latency
 }
 
-// p2pTime is the time of sending size bytes to one peer (and receiving
-// as many): on a CPU host, an all_gather of two processes of 2·size
-// bytes moves the same; on a GPU, size over the link.
-func p2pTime(c cluster.Cluster, cal Calibration, rt Runtime, link cluster.Link, size float64) float64 {
-	if t, ok := cal.collective("all_gather", 2, 2*size); ok && c.CPU() {
-		return t
+// p2pTime is the time of sending size bytes to one peer of a group of n
+// (and receiving as many from another): on a CPU host titan's exchange
+// with the next rank as the calibration timed it (sendrecv: a pipeline's
+// transfers and the ring's rotations go through the point-to-point
+// connections, not the collectives' shared memory; a calibration from
+// before it has the all_gather of two processes of 2·size bytes, which
+// moves the same); on a GPU, size over the link.
+func p2pTime(c cluster.Cluster, cal Calibration, rt Runtime, link cluster.Link, n int, size float64) float64 {
+	if c.CPU() {
+		if t, ok := cal.collective("sendrecv", n, size); ok {
+			return t
+		}
+		if t, ok := cal.collective("all_gather", 2, 2*size); ok {
+			return t
+		}
 	}
 	return size/(link.Bandwidth*cal.Comm) + link.Latency
 }

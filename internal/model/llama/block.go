@@ -397,6 +397,11 @@ func (m *Model) attention(a *layerActs) error {
 	be.Download(cur[:kvn], a.k)
 	be.Download(cur[kvn:], a.v)
 	for s := 0; s < cp; s++ {
+		// The next block travels while this one computes.
+		var shift func() error
+		if s < cp-1 {
+			shift = m.c().RingShiftAsync(cur, next)
+		}
 		src := (m.CPRank - s + cp) % cp
 		K, V := a.k, a.v
 		if s > 0 {
@@ -410,8 +415,8 @@ func (m *Model) attention(a *layerActs) error {
 			be.Download(tl, m.tLse)
 			MergeAttention(out[qOff:qOff+d.Tq*m.nq], lse[lOff:lOff+m.nh*d.Tq], to, tl, d.Tq, m.nh, m.hd)
 		})
-		if s < cp-1 {
-			if err := m.c().RingShift(cur, next); err != nil {
+		if shift != nil {
+			if err := shift(); err != nil {
 				return fmt.Errorf("llama: ring attention: %w", err)
 			}
 			cur, next = next, cur
@@ -438,6 +443,12 @@ func (m *Model) attentionBackward(a *layerActs, dv backend.Tensor) error {
 	be.Download(cur[:kvn], a.k)
 	be.Download(cur[kvn:], a.v)
 	for s := 0; s < cp; s++ {
+		// The next key/value block travels while this one computes; its
+		// gradients can only leave once computed.
+		var shift func() error
+		if s < cp-1 {
+			shift = m.c().RingShiftAsync(cur, next)
+		}
 		src := (m.CPRank - s + cp) % cp
 		K, V, dK, dV := a.k, a.v, m.dk, dv
 		if s > 0 {
@@ -454,14 +465,15 @@ func (m *Model) attentionBackward(a *layerActs, dv backend.Tensor) error {
 		})
 		be.Download(dcur[:kvn], dK)
 		be.Download(dcur[kvn:], dV)
-		if s < cp-1 {
-			if err := m.c().RingShift(cur, next); err != nil {
+		errG := m.c().RingShiftAsync(dcur, dnext)()
+		if shift != nil {
+			if err := shift(); err != nil {
 				return fmt.Errorf("llama: ring attention backward: %w", err)
 			}
 			cur, next = next, cur
 		}
-		if err := m.c().RingShift(dcur, dnext); err != nil {
-			return fmt.Errorf("llama: ring attention backward: %w", err)
+		if errG != nil {
+			return fmt.Errorf("llama: ring attention backward: %w", errG)
 		}
 		dcur, dnext = dnext, dcur
 	}

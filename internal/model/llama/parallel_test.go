@@ -99,10 +99,10 @@ func (c *fakeComm) AllReduceTP(x []float32, isMax bool) error {
 	return nil
 }
 
-func (c *fakeComm) RingShift(send, recv []float32) error {
+func (c *fakeComm) RingShiftAsync(send, recv []float32) func() error {
 	all := c.cp.exchange(c.cpRank, send)
 	copy(recv, all[(c.cpRank-1+c.cp.n)%c.cp.n])
-	return nil
+	return func() error { return nil }
 }
 
 func parallelTestConfig() Config {

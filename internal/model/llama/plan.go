@@ -78,9 +78,11 @@ type ParallelComm interface {
 	// AllReduceTP replaces x with its element-wise maximum (max set) or
 	// sum over the tp ranks.
 	AllReduceTP(x []float32, max bool) error
-	// RingShift sends send to the next cp rank and receives the previous
-	// cp rank's send into recv (same length).
-	RingShift(send, recv []float32) error
+	// RingShiftAsync starts sending send to the next cp rank and
+	// receiving the previous cp rank's send into recv (same length);
+	// wait returns once both are done. Until then the caller leaves send
+	// unchanged and does not read recv.
+	RingShiftAsync(send, recv []float32) (wait func() error)
 }
 
 // StageSpec is the part of a model that one pipeline stage computes: the

@@ -39,7 +39,7 @@ var errLoopback = errors.New("llama: ring attention probe has no tensor-parallel
 func (loopback) AllGatherSeq(send, recv []float32) error     { return errLoopback }
 func (loopback) ReduceScatterSeq(send, recv []float32) error { return errLoopback }
 func (loopback) AllReduceTP(x []float32, max bool) error     { return errLoopback }
-func (loopback) RingShift(send, recv []float32) error {
+func (loopback) RingShiftAsync(send, recv []float32) func() error {
 	copy(recv, send)
-	return nil
+	return func() error { return nil }
 }

@@ -62,21 +62,24 @@ func (c *Comm) AllReduceTP(x []float32, isMax bool) error {
 	return c.TP.AllReduce(c.ctx(), comm.F32(x), op)
 }
 
-// RingShift sends send to the next cp rank and receives the previous one's
-// into recv.
-func (c *Comm) RingShift(send, recv []float32) error {
+// RingShiftAsync starts sending send to the next cp rank and receiving
+// the previous one's into recv; wait returns once both are done.
+func (c *Comm) RingShiftAsync(send, recv []float32) (wait func() error) {
 	if c.CP == nil {
 		copy(recv, send)
-		return nil
+		return func() error { return nil }
 	}
 	n, r := c.CP.Size(), c.CP.Rank()
-	w := c.CP.SendAsync(c.ctx(), comm.F32(send), (r+1)%n)
-	errR := c.CP.Recv(c.ctx(), comm.F32(recv), (r-1+n)%n)
-	if err := w.Wait(); err != nil {
-		return fmt.Errorf("tp: ring send: %w", err)
+	sw := c.CP.SendAsync(c.ctx(), comm.F32(send), (r+1)%n)
+	rw := c.CP.RecvAsync(c.ctx(), comm.F32(recv), (r-1+n)%n)
+	return func() error {
+		errS, errR := sw.Wait(), rw.Wait()
+		if errS != nil {
+			return fmt.Errorf("tp: ring send: %w", errS)
+		}
+		if errR != nil {
+			return fmt.Errorf("tp: ring receive: %w", errR)
+		}
+		return nil
 	}
-	if errR != nil {
-		return fmt.Errorf("tp: ring receive: %w", errR)
-	}
-	return nil
 }

@@ -91,7 +91,7 @@ func TestCommCollectives(t *testing.T) {
 			t.Errorf("rank %d: max %v, want [1 0]", rank, m)
 		}
 		got := make([]float32, 1)
-		if err := c.RingShift([]float32{float32(cr)}, got); err != nil {
+		if err := c.RingShiftAsync([]float32{float32(cr)}, got)(); err != nil {
 			return err
 		}
 		if want := float32((cr + cp - 1) % cp); got[0] != want {
