@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/titan-go/titan/internal/atomicfile"
 )
 
 // Save writes the resolved recipe j as TOML (j.TOML) to path, creating its
@@ -12,44 +14,16 @@ import (
 // whole new one. Load(path, nil, nil) reads back a Job equal to j.
 //
 // This is what job.save_config_file asks for; SavePath names the file.
-func Save(j *Job, path string) (err error) {
+func Save(j *Job, path string) error {
 	s, err := j.TOML()
 	if err != nil {
 		return err
 	}
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("config: save %s: %w", path, err)
 	}
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return fmt.Errorf("config: save %s: %w", path, err)
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
-		}
-	}()
-	if _, err = f.WriteString(s); err != nil {
-		return fmt.Errorf("config: save %s: %w", path, err)
-	}
-	if err = f.Sync(); err != nil {
-		return fmt.Errorf("config: save %s: %w", path, err)
-	}
-	if err = f.Close(); err != nil {
-		return fmt.Errorf("config: save %s: %w", path, err)
-	}
-	if err = os.Chmod(f.Name(), 0o644); err != nil {
-		return fmt.Errorf("config: save %s: %w", path, err)
-	}
-	if err = os.Rename(f.Name(), path); err != nil {
-		return fmt.Errorf("config: save %s: %w", path, err)
-	}
-	// Make the rename itself durable.
-	if d, derr := os.Open(dir); derr == nil {
-		d.Sync()
-		d.Close()
+	if err := atomicfile.WriteBytes(path, []byte(s)); err != nil {
+		return fmt.Errorf("config: save: %w", err)
 	}
 	return nil
 }

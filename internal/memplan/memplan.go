@@ -688,7 +688,7 @@ func stageActivations(plan Plan, rows int, stage model.StageSpec) plannedVal {
 // scale converts the model's float32 byte counts to the compute
 // precision.
 func (v plannedVal) scale(p Precision) plannedVal {
-	f := func(n int64) int64 { return n / bytesPerFloat * p.compute() }
+	f := p.scaleBytes
 	v.act, v.split, v.staging, v.own, v.shared = f(v.act), f(v.split), f(v.staging), f(v.own), f(v.shared)
 	return v
 }
@@ -801,8 +801,12 @@ func (s *scratchSize) add(v plannedVal) {
 
 // bytes is the scratch's size in p's compute precision (see scale).
 func (s scratchSize) bytes(p Precision) int64 {
-	return (int64(s.n)*bytesPerFloat + int64(s.nh)*2) / bytesPerFloat * p.compute()
+	return p.scaleBytes(int64(s.n)*bytesPerFloat + int64(s.nh)*2)
 }
+
+// scaleBytes converts a byte count of the model's float32 activations to
+// p's compute precision.
+func (p Precision) scaleBytes(n int64) int64 { return n / bytesPerFloat * p.compute() }
 
 // plans memoizes planned: searches (titan plan --search) estimate
 // thousands of layouts of the same few stage shapes.
