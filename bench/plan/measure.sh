@@ -31,11 +31,14 @@ py=/usr/bin/python3
 all=(one FSDP2 FSDP4 DDP2 TP2 TP4 CP2 PP2-1F1B PP2-GPipe PP2-Interleaved1F1B FSDP2xTP2 one-bf16 FSDP2-bf16)
 [ $# -gt 0 ] && all=("$@")
 # A layout name ending in -bf16 is that layout under bfloat16 mixed
-# precision (training.mixed_precision_param).
+# precision (training.mixed_precision_param); in -opac or -fullac, under
+# per-operation selective or full activation checkpointing.
 sets_of() {
 	local s="--set parallelism.data_parallel_shard_degree=1"
 	case $1 in
 	*-bf16) echo "$(sets_of "${1%-bf16}") --set training.mixed_precision_param=bfloat16" ;;
+	*-opac) echo "$(sets_of "${1%-opac}") --set activation_checkpoint.mode=selective --set activation_checkpoint.selective_ac_option=op" ;;
+	*-fullac) echo "$(sets_of "${1%-fullac}") --set activation_checkpoint.mode=full" ;;
 	one) echo "1 $s" ;;
 	FSDP2) echo "2 --set parallelism.data_parallel_shard_degree=2" ;;
 	FSDP4) echo "4 --set parallelism.data_parallel_shard_degree=4" ;;

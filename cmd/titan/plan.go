@@ -23,6 +23,7 @@ func newPlanCmd() *cobra.Command {
 	var clusterRef, calPath, plotPath string
 	var world, top, maxCP, maxTP int
 	var calNProcs []int
+	var headroom float64
 	var asJSON, search, calibrate, reference, compile, float8, asyncTP bool
 	cmd := &cobra.Command{
 		Use:   "plan",
@@ -44,7 +45,8 @@ on 8 H100 with FSDP); --reference predicts every other published row.
 
 --search enumerates dp_replicate, dp_shard, tp, pp with each schedule and
 microbatch size, cp and activation checkpointing, keeping the recipe's global
-batch, and ranks the layouts that fit by predicted tokens/s.`,
+batch, and ranks by predicted tokens/s the layouts that fit with --headroom of
+each device's memory free.`,
 		Example: `  titan plan --calibrate
   titan plan --recipe recipes/llama3_debug.toml --cluster this --world 2 --set parallelism.tensor_parallel_degree=2
   titan plan --recipe recipes/llama3_8b.toml --cluster h100-sxm --world 8
@@ -95,7 +97,7 @@ batch, and ranks the layouts that fit by predicted tokens/s.`,
 			j.Layout.Float8 = j.Layout.Float8 || float8 // the recipe's model.converters, or the flag
 			j.Layout.AsyncTP = j.Layout.AsyncTP || asyncTP
 			if search {
-				r, err := plan.Search(j, c, cal, plan.SearchOptions{World: world, Top: top, MaxTP: maxTP, MaxCP: maxCP})
+				r, err := plan.Search(j, c, cal, plan.SearchOptions{World: world, Top: top, MaxTP: maxTP, MaxCP: maxCP, Headroom: headroom})
 				if err != nil {
 					return err
 				}
@@ -132,6 +134,7 @@ batch, and ranks the layouts that fit by predicted tokens/s.`,
 	f.IntVar(&top, "top", 8, "layouts --search shows")
 	f.IntVar(&maxTP, "max-tp", 0, "largest tensor parallel degree --search tries (0: a node's devices)")
 	f.IntVar(&maxCP, "max-cp", 0, "largest context parallel degree --search tries (0: 8)")
+	f.Float64Var(&headroom, "headroom", plan.DefaultHeadroom, "fraction of each device's memory a layout --search proposes must leave free (the memory prediction's error)")
 	f.BoolVar(&calibrate, "calibrate", false, "benchmark this machine's kernels and collectives and write the calibration")
 	f.IntSliceVar(&calNProcs, "calibrate-nproc", []int{2, 4}, "process counts --calibrate measures the collectives (and ring attention at that cp) of")
 	f.BoolVar(&reference, "reference", false, "predict torchtitan's published H100 rows from the calibration row and compare")

@@ -244,16 +244,21 @@ type Runtime struct {
 	// runs every earlier backward without gradient sync), rather than
 	// after every microbatch's backward as titan's executor does.
 	PipelineNoSync bool
+	// TorchSAC: selective per-operation checkpointing is PyTorch's
+	// (torchtitan's policy, which also saves w2's output: sacSaved)
+	// rather than titan's, which keeps the same tensors but that one.
+	TorchSAC bool
 }
 
 // RuntimeOf returns the runtime of layout l on cluster c: float32 and
 // titan's fused kernels on a CPU (whose ranks share the host's cores),
 // with the layout's mixed precision; float32 state with bf16 compute,
 // whole logits, eager element-wise kernels unless compiled, PyTorch's
-// ring attention and its pipeline's unsynchronised gradients on a GPU.
+// ring attention, its pipeline's unsynchronised gradients and its
+// selective checkpointing on a GPU.
 func RuntimeOf(c cluster.Cluster, l Layout) Runtime {
 	if c.CPU() {
 		return Runtime{Precision: memplan.Precision{ParamBF16: l.ParamBF16, ReduceBF16: l.ReduceBF16}, Fused: true, Shared: min(l.World(), c.Nodes*c.DevicesPerNode)}
 	}
-	return Runtime{Precision: memplan.Precision{State: 4, Compute: 2}, WholeLogits: true, Fused: l.Compile, Overlap: true, Shared: 1, TorchRing: true, PipelineNoSync: true}
+	return Runtime{Precision: memplan.Precision{State: 4, Compute: 2}, WholeLogits: true, Fused: l.Compile, Overlap: true, Shared: 1, TorchRing: true, PipelineNoSync: true, TorchSAC: true}
 }

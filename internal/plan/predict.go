@@ -90,6 +90,10 @@ type Prediction struct {
 	// alive then (pipelineGradHold; both 0 on titan's executor). All are
 	// added to the estimate before the calibration's factor.
 	LossBytes, PipelineGradBytes, PipelineSetBytes float64
+	// SACBytes are the products' outputs PyTorch's per-operation
+	// checkpointing saves that titan's does not (sacSaved; 0 on titan's
+	// runtime), also added before the factor.
+	SACBytes float64
 	// Step is the step's breakdown.
 	Step Breakdown
 	// Microbatches and BubbleFraction describe the pipeline (1 and 0
@@ -262,6 +266,9 @@ func predict(job Job, c cluster.Cluster, cal Calibration, onlyFitting bool) (Pre
 		if mem.Head {
 			p.LossBytes = lossTransient(job, rt)
 		}
+		if p.SACBytes, err = sacSaved(job, mp, mem, rt); err != nil {
+			return Prediction{}, err
+		}
 		perRank[i] = cal.MemoryFactor*p.needed() + cal.MemoryBase
 		if i == 0 || p.needed() > pred.needed() {
 			pred = p
@@ -343,7 +350,49 @@ func lossTransient(job Job, rt Runtime) float64 {
 // needed is the memory the job needs before the calibration: memplan's
 // estimate and the runtime's transients beyond it.
 func (p Prediction) needed() float64 {
-	return float64(p.Memory.Total()) + p.LossBytes + p.PipelineGradBytes + p.PipelineSetBytes
+	return float64(p.Memory.Total()) + p.LossBytes + p.PipelineGradBytes + p.PipelineSetBytes + p.SACBytes
+}
+
+// sacSaved is what PyTorch's per-operation checkpointing keeps beyond
+// titan's policy of the same name on a rank (memplan's report mem),
+// with every activation set memplan counts: torchtitan's policy saves
+// the output of every other matrix product, w2's included, which no
+// backward reads (titan's w2 product accumulates onto the residual
+// stream, the next layer's input, and keeps nothing). Under pipeline
+// parallelism pipelineGradHold corrects it, with the rest of a set, for
+// the sets not alive at the rank's peak.
+func sacSaved(job Job, mp memplan.Plan, mem memplan.Report, rt Runtime) (float64, error) {
+	l := job.Layout
+	if l.Degrees.PP <= 1 {
+		return sacPerSet(job, rt, job.Model.NLayers, l.LocalBatch), nil
+	}
+	pp, err := mp.ResolvePipeline()
+	if err != nil {
+		return 0, err
+	}
+	sets, _ := pp.Schedule.ActivationSets(mem.Rank)
+	var b float64
+	for s, n := range sets {
+		b += float64(n) * sacPerSet(job, rt, pp.Stages[s].NumLayers, pp.MicrobatchRows)
+	}
+	return b, nil
+}
+
+// sacPerSet is sacSaved's part of one activation set of layers layers
+// and rows rows: one w2 output a layer, [tokens, dim] in the compute
+// precision (under tensor parallelism the whole partial sum before its
+// reduce-scatter); 0 unless the runtime is PyTorch's and the policy
+// per-operation.
+func sacPerSet(job Job, rt Runtime, layers, rows int) float64 {
+	l := job.Layout
+	if !rt.TorchSAC || l.Checkpoint.Mode != "selective" || l.Checkpoint.Option != "op" {
+		return 0
+	}
+	cb := 4.0
+	if rt.Precision.Compute > 0 {
+		cb = float64(rt.Precision.Compute)
+	}
+	return float64(layers) * float64(rows*l.SeqLen) / float64(max(l.Degrees.CP, 1)) * float64(job.Model.Dim) * cb
 }
 
 // pipelineGradHold is what a rank of a PyTorch pipeline holds beyond
@@ -358,7 +407,9 @@ func (p Prediction) needed() float64 {
 // and last backward at the peak. PyTorch allocates activations as a
 // microbatch's forward runs, where titan's executor (and memplan) holds
 // every stage's peak number of sets at once: sets (zero or negative) is
-// the kept activations alive at the peak less memplan's. memplan counts
+// the kept activations alive at the peak (with what PyTorch's
+// checkpointing keeps beyond titan's, sacPerSet) less memplan's and
+// sacSaved's. memplan counts
 // the unsharded bf16 parameters already (torchtitan does not reshard
 // after the forward under pipeline parallelism, nor does titan) and two
 // unit gradient buffers, which stand for a unit's bf16 gradient before
@@ -379,6 +430,7 @@ func pipelineGradHold(job Job, mp memplan.Plan, mem memplan.Report, rt Runtime) 
 	kept, hold := map[int]float64{}, map[int]float64{}
 	for _, st := range mem.Stages {
 		kept[st.Stage], hold[st.Stage] = float64(st.Kept), float64(st.Elements)*reduce
+		kept[st.Stage] += sacPerSet(job, rt, pp.Stages[st.Stage].NumLayers, pp.MicrobatchRows)
 	}
 	acts := pp.Schedule.Actions[mem.Rank]
 	first, last := map[int]int{}, map[int]int{}
@@ -497,7 +549,12 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 	rAttn := fAttn * recomputed / max(L, 1)
 	rEW := (ewLayers(L, N, cfg, rt, cb, tp) + fwdCast) / r.ew * recomputed / max(L, 1)
 	if ops {
-		rEW = ewLayers(L, N, cfg, rt, cb, tp) / r.ew
+		// The per-operation policy reruns every layer's element-wise
+		// operations and the products whose outputs it does not keep:
+		// wk, wo and w3 (llama.ActivationCheckpoint), with their inputs'
+		// float8 casts.
+		rMM = linTime(2 * N * L * (KV*D + D*Q + F*D) / tp)
+		rEW = (ewLayers(L, N, cfg, rt, cb, tp) + castBytes*(2*D+Q)) / r.ew
 	}
 
 	// Tensor-parallel communication (sequence parallel): per layer two
@@ -530,6 +587,11 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 		}
 		tpF = L*fwdLayer + extraF
 		tpB = L*bwdLayer + extraB + recomputed*fwdLayer
+		if ops {
+			// Its recomputation gathers both norms' outputs and
+			// reduce-scatters wo's.
+			tpB += L * (2*ag + rs)
+		}
 		if l.AsyncTP && rt.Overlap {
 			// Async TP overlaps each collective with the product next to
 			// it: what is left is the part longer than those products.

@@ -41,6 +41,7 @@ type JSONPrediction struct {
 		Loss          float64   `json:"pytorch_loss,omitempty"`
 		PipelineGrads float64   `json:"pytorch_pipeline_grads,omitempty"`
 		PipelineSets  float64   `json:"pytorch_pipeline_sets,omitempty"`
+		SAC           float64   `json:"pytorch_sac_saved,omitempty"`
 		Predicted     float64   `json:"predicted"`
 		PerRank       []float64 `json:"predicted_per_pipeline_rank,omitempty"`
 		Capacity      float64   `json:"capacity"`
@@ -72,7 +73,7 @@ func (p Prediction) JSON() JSONPrediction {
 	j.Memory.FSDPBuffers, j.Memory.Activations, j.Memory.Comm, j.Memory.Total = m.FSDPBuffers, m.Activations, m.Comm, m.Total()
 	j.Memory.Predicted, j.Memory.Capacity, j.Memory.Fits = p.MemoryBytes, p.Capacity, p.Fits()
 	j.Memory.PerRank = p.RankMemoryBytes
-	j.Memory.Loss, j.Memory.PipelineGrads, j.Memory.PipelineSets = p.LossBytes, p.PipelineGradBytes, p.PipelineSetBytes
+	j.Memory.Loss, j.Memory.PipelineGrads, j.Memory.PipelineSets, j.Memory.SAC = p.LossBytes, p.PipelineGradBytes, p.PipelineSetBytes, p.SACBytes
 	j.Step, j.StepTotal, j.FSDPTotal, j.DPTotal = p.Step.parts(), p.Step.Step, p.Step.FSDPTotal, p.Step.DPTotal
 	j.BubbleFraction, j.TokensPerDevice, j.MFU = p.BubbleFraction, p.TokensPerDevice, p.MFU
 	return j
@@ -102,7 +103,7 @@ func WriteTable(w io.Writer, p Prediction, cal Calibration) {
 	for _, x := range []struct {
 		n string
 		v float64
-	}{{"+ PyTorch loss (float32 copies)", p.LossBytes}, {"+ PyTorch pipeline gradients", p.PipelineGradBytes}, {"- activation sets not alive at the peak", -p.PipelineSetBytes}} {
+	}{{"+ PyTorch loss (float32 copies)", p.LossBytes}, {"+ PyTorch pipeline gradients", p.PipelineGradBytes}, {"- activation sets not alive at the peak", -p.PipelineSetBytes}, {"+ PyTorch SAC (w2 outputs)", p.SACBytes}} {
 		if x.v > 0 {
 			fmt.Fprintf(w, "  %-36s %12s\n", x.n, bytesize.Human(int64(x.v)))
 		}

@@ -48,6 +48,21 @@ type SearchOptions struct {
 	// MaxTP and MaxCP cap the tensor and context parallel degrees (0: a
 	// node's devices and 8).
 	MaxTP, MaxCP int
+	// Headroom is the fraction of each device's memory a layout must
+	// leave free to be proposed, against the memory prediction's own
+	// error (0 ≤ Headroom < 1).
+	Headroom float64
+}
+
+// DefaultHeadroom is the search's default Headroom: the largest error of
+// the GPU memory predictions against torchtitan's published rows is
+// 9 % (bench/plan/README.md), and on this machine's layouts 10 %.
+const DefaultHeadroom = 0.10
+
+// within reports whether p's predicted memory leaves headroom of its
+// device free.
+func within(p Prediction, headroom float64) bool {
+	return p.MemoryBytes <= (1-headroom)*p.Capacity
 }
 
 // Search enumerates the layouts of base's model on world ranks of c —
@@ -65,6 +80,9 @@ func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (Sear
 	}
 	if maxCP <= 0 {
 		maxCP = 8
+	}
+	if o.Headroom < 0 || o.Headroom >= 1 {
+		return SearchResult{}, fmt.Errorf("plan: search headroom (--headroom) %g: want a fraction of the device's memory in [0, 1)", o.Headroom)
 	}
 	c, err := c.WithWorld(world)
 	if err != nil {
@@ -108,7 +126,7 @@ func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (Sear
 								continue
 							}
 							res.Tried++
-							if p.Fits() {
+							if p.Fits() && within(p, o.Headroom) {
 								fits = append(fits, p)
 							}
 						}
@@ -119,7 +137,7 @@ func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (Sear
 	}
 	res.Fit = len(fits)
 	if len(fits) == 0 {
-		return res, fmt.Errorf("plan: no layout of %s on %d ranks of %s fits in %s per device (tried %d)", base.Flavor, world, c.Name, bytesize.Human(int64(c.Device.MemoryBytes)), res.Tried)
+		return res, fmt.Errorf("plan: no layout of %s on %d ranks of %s fits in %s per device with %.0f%% of it free (tried %d)", base.Flavor, world, c.Name, bytesize.Human(int64(c.Device.MemoryBytes)), 100*o.Headroom, res.Tried)
 	}
 	sort.SliceStable(fits, func(i, j int) bool { return fits[i].TokensPerDevice > fits[j].TokensPerDevice })
 	if g, err := Predict(base, c, cal); err == nil {
@@ -127,7 +145,7 @@ func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (Sear
 		if g.TokensPerDevice < fits[0].TokensPerDevice {
 			res.Given.Why = WhySlower(g, fits[0])
 		}
-		if g.Fits() {
+		if g.Fits() && within(g, o.Headroom) {
 			res.GivenRank = 1
 			for _, p := range fits {
 				if p.TokensPerDevice > g.TokensPerDevice {

@@ -34,18 +34,21 @@ func (m *Model) actFields(a *layerActs) []actField {
 	norm := m.tp() == 1 // gathered from float32 host buffers under tp
 	return []actField{
 		{&a.attnNorm, N * D, true, norm}, {&a.attnRstd, n, true, false},
-		{&a.q, N * m.nq, false, true}, {&a.k, N * m.nkvd, false, true}, {&a.v, N * m.nkvd, false, true},
+		{&a.q, N * m.nq, false, true}, {&a.k, N * m.nkvd, true, true}, {&a.v, N * m.nkvd, false, true},
 		{&a.attn, N * m.nq, false, true}, {&a.lse, N * m.nh, false, false},
-		{&a.mid, n * D, false, false},
+		{&a.mid, n * D, true, false},
 		{&a.ffnNorm, N * D, true, norm}, {&a.ffnRstd, n, true, false},
-		{&a.h1, N * m.f, false, false}, {&a.h3, N * m.f, false, false}, {&a.hs, N * m.f, true, true},
+		{&a.h1, N * m.f, false, false}, {&a.h3, N * m.f, true, false}, {&a.hs, N * m.f, true, true},
 	}
 }
 
 // layerForward runs layer l's forward from resid[l] into its activations
 // and, when out is set, its output resid[l+1]. The backward pass's
-// recomputation leaves out unset: the output is kept anyway.
-func (m *Model) layerForward(l int, out bool) error {
+// recomputation leaves out unset: the output is kept anyway. With
+// keptOps (the per-operation policy's recomputation) it skips the
+// products whose outputs that policy keeps (wq, wv, w1 and the
+// attention) and recomputes the rest from them.
+func (m *Model) layerForward(l int, out, keptOps bool) error {
 	be, N, D := m.be, m.N, m.Cfg.Dim
 	a, p := &m.layers[l], &m.P.Layers[l]
 	// Attention: mid = resid[l] + wo(attn(rope(wq x), rope(wk x), wv x)), x = norm(resid[l]).
@@ -65,20 +68,26 @@ func (m *Model) layerForward(l int, out bool) error {
 	}
 	span = trace.Begin(trace.CatGEMM, "qkv")
 	q, k, v := stage(a.q), stage(a.k), stage(a.v)
-	m.linear(linKey{l, linWq}, q, a.attnNorm, p.Wq, N, D, m.nq, false)
-	m.rope(a.q, q, m.nh, false)
+	if !keptOps {
+		m.linear(linKey{l, linWq}, q, a.attnNorm, p.Wq, N, D, m.nq, false)
+		m.rope(a.q, q, m.nh, false)
+	}
 	m.linear(linKey{l, linWk}, k, a.attnNorm, p.Wk, N, D, m.nkvd, false)
 	m.rope(a.k, k, m.nkv, false)
-	m.linear(linKey{l, linWv}, v, a.attnNorm, p.Wv, N, D, m.nkvd, false)
-	if v != a.v {
-		be.Copy(a.v, v)
+	if !keptOps {
+		m.linear(linKey{l, linWv}, v, a.attnNorm, p.Wv, N, D, m.nkvd, false)
+		if v != a.v {
+			be.Copy(a.v, v)
+		}
 	}
 	span.End()
-	span = trace.Begin(trace.CatAttention, "attention")
-	err = m.attention(a)
-	span.End()
-	if err != nil {
-		return err
+	if !keptOps {
+		span = trace.Begin(trace.CatAttention, "attention")
+		err = m.attention(a)
+		span.End()
+		if err != nil {
+			return err
+		}
 	}
 	span = trace.Begin(trace.CatGEMM, "wo")
 	err = m.rowOut(linKey{l, linWo}, a.mid, m.resid[l], a.attn, p.Wo, m.nq)
@@ -94,7 +103,9 @@ func (m *Model) layerForward(l int, out bool) error {
 		return err
 	}
 	span = trace.Begin(trace.CatGEMM, "w1_w3")
-	m.linear(linKey{l, linW1}, a.h1, a.ffnNorm, p.W1, N, D, m.f, false)
+	if !keptOps {
+		m.linear(linKey{l, linW1}, a.h1, a.ffnNorm, p.W1, N, D, m.f, false)
+	}
 	m.linear(linKey{l, linW3}, a.h3, a.ffnNorm, p.W3, N, D, m.f, false)
 	span.End()
 	span = trace.Begin(trace.CatElementw, "swiglu")
@@ -195,21 +206,6 @@ func (m *Model) layerBackward(l, u int, split bool) error {
 	return m.normBackward(m.dres, g().AttnNorm, m.full, m.resid[l], p.AttnNorm, a.attnRstd)
 }
 
-// recomputeCheap recomputes layer l's element-wise activations (both
-// RMSNorms, with their sequence all-gathers, and the SwiGLU product) from
-// its kept ones, exactly as layerForward computed them.
-func (m *Model) recomputeCheap(l int) error {
-	a, p := &m.layers[l], &m.P.Layers[l]
-	if err := m.normGather(a.attnNorm, a.attnRstd, m.seq, m.resid[l], p.AttnNorm, true); err != nil {
-		return err
-	}
-	if err := m.normGather(a.ffnNorm, a.ffnRstd, m.seq, a.mid, p.FFNNorm, true); err != nil {
-		return err
-	}
-	m.be.SwiGLUForward(a.hs, a.h1, a.h3, m.N*m.f)
-	return nil
-}
-
 // restore makes layer l's activations available to its backward pass,
 // recomputing them into the shared scratch set unless they are kept or
 // still there (the last checkpointed layer of the forward pass is not
@@ -222,13 +218,7 @@ func (m *Model) restore(l int) error {
 		return nil
 	}
 	m.scratchLayer = -1
-	var err error
-	if p == recomputeLayer {
-		err = m.layerForward(l, false)
-	} else {
-		err = m.recomputeCheap(l)
-	}
-	if err != nil {
+	if err := m.layerForward(l, false, p == recomputeOps); err != nil {
 		return err
 	}
 	m.recomputed++

@@ -26,14 +26,17 @@ type ActivationCheckpoint struct {
 	// N as a decimal string, to checkpoint (recompute fully) every N-th
 	// layer and keep the others — layer l (from 0) is checkpointed when
 	// (l+1) % N == 0, torchtitan's counter rule, so "1" is "full" and "2"
-	// checkpoints layers 1, 3, 5, … — or "op", a per-operation policy
-	// applied to every layer: the outputs of the matrix products (q, k,
-	// v, the attention's residual sum, w1·x and w3·x) and of the attention
-	// (output and log-sum-exp) are kept, and the cheap element-wise
-	// operations (both RMSNorms and the SwiGLU product) are recomputed.
-	// RoPE is applied in place to the q and k products, so keeping the
-	// rotated tensors costs the same memory and RoPE, whose backward needs
-	// only its tables, is never recomputed.
+	// checkpoints layers 1, 3, 5, … — or "op", torchtitan's per-operation
+	// policy applied to every layer: the attention's outputs (output and
+	// log-sum-exp) and every other matrix product's output, counted in
+	// the order the forward runs them (wq·x, wv·x, w1·x; w2's needs no
+	// keeping, it is the next layer's input) are kept, and the rest is
+	// recomputed before the layer's backward: the products wk·x (with
+	// its RoPE), wo·attn (with the residual sum after it) and w3·x, both
+	// RMSNorms and the SwiGLU product. RoPE is applied in place to the q
+	// product, so keeping the rotated tensor costs the same memory and
+	// RoPE, whose backward needs only its tables, is never recomputed
+	// for q.
 	SelectiveOption string
 }
 
@@ -43,7 +46,7 @@ type layerPolicy uint8
 const (
 	keepAll        layerPolicy = iota // every activation is kept
 	recomputeLayer                    // only the input is kept; the layer is rerun
-	recomputeOps                      // matmul and attention outputs are kept
+	recomputeOps                      // attention and every other product's outputs are kept
 )
 
 // policies returns the policy of each of n layers.
@@ -88,12 +91,13 @@ func (ac ActivationCheckpoint) String() string {
 }
 
 // actField is one view of a layer's activation set: where it goes, its
-// size in floats and whether it is cheap to recompute (selective "op"
-// keeps only the others).
+// size in floats and whether the per-operation policy (selective "op")
+// recomputes it rather than keeping it.
 type actField struct {
-	t     *backend.Tensor
-	n     int
-	cheap bool
+	t *backend.Tensor
+	n int
+	// byOps: recomputed under the per-operation policy.
+	byOps bool
 	// half: bfloat16 under mixed precision (read only by bfloat16
 	// products, or attention's output; see Model.halfAct).
 	half bool
@@ -114,7 +118,7 @@ func planActs[A any](policy []layerPolicy, layers []A, fields func(*A) []actFiel
 		if !sharedDone {
 			// The scratch set holds whatever any policy recomputes.
 			for _, f := range fields(&shared) {
-				if full || f.cheap {
+				if full || f.byOps {
 					*f.t = temp(f.n, f.half)
 				}
 			}
@@ -122,14 +126,14 @@ func planActs[A any](policy []layerPolicy, layers []A, fields func(*A) []actFiel
 		}
 		own := fields(&layers[l])
 		for i, f := range fields(&shared) {
-			if p == recomputeLayer || f.cheap {
+			if p == recomputeLayer || f.byOps {
 				*own[i].t = *f.t
 			}
 		}
 	}
 	for l, p := range policy {
 		for _, f := range fields(&layers[l]) {
-			if p == keepAll || (p == recomputeOps && !f.cheap) {
+			if p == keepAll || (p == recomputeOps && !f.byOps) {
 				*f.t = keep(f.n, f.half)
 			}
 		}

@@ -241,10 +241,13 @@ func TestActivationBytes(t *testing.T) {
 	const B, T = 8, 256
 	L, BT, D, F, V := cfg.NLayers, B*T, cfg.Dim, cfg.FFNHidden(), cfg.VocabSize
 	Q, KV, H := cfg.NHeads*cfg.HeadDim(), cfg.KVHeads()*cfg.HeadDim(), cfg.NHeads
-	// Everything one layer keeps, its matmul/attention part, and the rest.
+	// Everything one layer keeps; what the per-operation policy keeps
+	// (q, v, the attention's output and log-sum-exp, w1·x) and what it
+	// recomputes (both norms with their 1/rms, k, the residual after
+	// attention, w3·x, the SwiGLU product).
 	set := BT*(3*D+2+2*Q+2*KV+3*F) + B*H*T
-	kept := BT*(2*Q+2*KV+D+2*F) + B*H*T
-	cheap := BT * (2*D + 2 + F)
+	kept := BT*(2*Q+KV+F) + B*H*T
+	cheap := BT * (3*D + 2 + KV + 2*F)
 	if kept+cheap != set {
 		t.Fatalf("op split %d + %d does not add up to %d", kept, cheap, set)
 	}

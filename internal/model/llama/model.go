@@ -560,7 +560,7 @@ func (m *Model) Forward(tokens, targets []int32) (float32, error) {
 		if shared {
 			m.scratchLayer = -1
 		}
-		if err := m.layerForward(l, true); err != nil {
+		if err := m.layerForward(l, true, false); err != nil {
 			return 0, err
 		}
 		if shared {
