@@ -389,8 +389,9 @@ type ActivationCheckpoint struct {
 	// Mode is "none", "full" (recompute every layer) or "selective".
 	Mode string `toml:"mode" mapstructure:"mode"`
 	// SelectiveACOption is, for selective mode, either a positive integer
-	// N as a string (checkpoint every N-th layer) or "op" (per-operation
-	// policy: keep matmul outputs, recompute the rest).
+	// N as a string (checkpoint every N-th layer) or "op" (torchtitan's
+	// per-operation policy: keep the attention's outputs and every other
+	// matrix product's, recompute the rest; llama.ActivationCheckpoint).
 	SelectiveACOption string `toml:"selective_ac_option" mapstructure:"selective_ac_option"`
 }
 

@@ -334,6 +334,17 @@ var publishedBounds = map[string][2]float64{
 	"405B FSDP4 CP2 64K":                 {0.20, 0.05},
 	"405B FSDP2 CP4 128K":                {0.20, 0.05},
 	"405B FSDP1 CP8 256K":                {0.30, 0.10},
+	"70B FSDP32 TP8 bf16":                {0.05, 0},
+	"70B FSDP32 TP8 bf16 +asyncTP":       {0.10, 0},
+	"70B FSDP32 TP8 float8":              {0.10, 0},
+	"70B FSDP32 TP8 float8 +asyncTP":     {0.05, 0},
+	"8B FSDP8 TP8 bf16":                  {0.10, 0},
+	"8B FSDP8 TP8 bf16 +asyncTP":         {0.40, 0},
+	"8B FSDP8 TP8 float8":                {0.20, 0},
+	"8B FSDP8 TP8 float8 +asyncTP":       {0.50, 0},
+	"405B FSDP16 TP8":                    {0.10, 0},
+	"405B FSDP16 TP8 +float8":            {0.15, 0},
+	"405B FSDP16 TP8 +float8 +asyncTP":   {0.05, 0},
 }
 
 // TestPublishedRows recomputes the comparison with torchtitan's
@@ -844,8 +855,9 @@ func TestOpRecompute(t *testing.T) {
 
 // TestTorchSACSaved: on a GPU runtime, torchtitan's per-operation
 // checkpointing also keeps w2's output, [tokens, dim] in bf16 for each
-// layer of each activation set (the 8B calibration row: 32 layers of
-// 2 × 8192 tokens), which titan's engine does not; nothing under full
+// layer of each activation set (the 8B rows: 32 layers of the local
+// batch's tokens, the whole dim under tensor parallelism too), which
+// titan's engine does not; nothing under full
 // checkpointing, nothing on a CPU host (titan's runtime). Under
 // pipeline parallelism it is a whole number of one stage layer's
 // microbatch outputs.
@@ -857,8 +869,8 @@ func TestTorchSACSaved(t *testing.T) {
 	for _, r := range rs {
 		p := r.Prediction
 		want := 0.0
-		if p.Job.Layout.Checkpoint.Option == "op" {
-			want = 32 * 2 * 8192 * 4096 * 2
+		if l := p.Job.Layout; l.Checkpoint.Option == "op" {
+			want = float64(32 * l.LocalBatch * 8192 * 4096 * 2) // whole [tokens, dim] under tp too
 		}
 		if p.SACBytes != want {
 			t.Errorf("%s (%s): %g bytes saved beyond titan's policy, want %g", r.Row.Name, p.Job.Layout.Checkpoint, p.SACBytes, want)

@@ -74,7 +74,9 @@ func WriteReferencePlot(w io.Writer, rs []RowResult) error {
 	for _, r := range rs {
 		cal := r.Row.Note == "calibration row"
 		tps.Points = append(tps.Points, ErrorPoint{r.Row.Name, r.Row.TPS, r.Prediction.TokensPerDevice, cal})
-		mem.Points = append(mem.Points, ErrorPoint{r.Row.Name, r.Row.MemGiB, r.Prediction.MemoryBytes / (1 << 30), cal})
+		if r.Row.HasMemory() {
+			mem.Points = append(mem.Points, ErrorPoint{r.Row.Name, r.Row.MemGiB, r.Prediction.MemoryBytes / (1 << 30), cal})
+		}
 	}
 	return WriteErrorPlot(w, []ErrorPanel{tps, mem})
 }

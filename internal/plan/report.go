@@ -177,8 +177,12 @@ func WriteReference(w io.Writer, rs []RowResult, cal Calibration) {
 				note = " (calibration)"
 			}
 		}
-		fmt.Fprintf(w, "| %s | %s%s | %.0f | %.0f | %+.1f%% | %.1f | %.1f | %+.1f%% |\n", r.Row.Table, r.Row.Name, note,
-			r.Row.TPS, r.Prediction.TokensPerDevice, 100*r.TPSErr, r.Row.MemGiB, r.Prediction.MemoryBytes/(1<<30), 100*r.MemErr)
+		mem := fmt.Sprintf("— | %.1f | —", r.Prediction.MemoryBytes/(1<<30))
+		if r.Row.HasMemory() {
+			mem = fmt.Sprintf("%.1f | %.1f | %+.1f%%", r.Row.MemGiB, r.Prediction.MemoryBytes/(1<<30), 100*r.MemErr)
+		}
+		fmt.Fprintf(w, "| %s | %s%s | %.0f | %.0f | %+.1f%% | %s |\n", r.Row.Table, r.Row.Name, note,
+			r.Row.TPS, r.Prediction.TokensPerDevice, 100*r.TPSErr, mem)
 	}
 	for _, r := range rs {
 		if r.Row.Note != "" && r.Row.Note != "calibration row" {
