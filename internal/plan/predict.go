@@ -586,17 +586,28 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 			extraF, extraB = extraF+ag, extraB+rs
 		}
 		tpF = L*fwdLayer + extraF
-		tpB = L*bwdLayer + extraB + recomputed*fwdLayer
+		tpR := recomputed * fwdLayer // the recomputed forwards'
 		if ops {
 			// Its recomputation gathers both norms' outputs and
 			// reduce-scatters wo's.
-			tpB += L * (2*ag + rs)
+			tpR += L * (2*ag + rs)
 		}
+		tpB = L*bwdLayer + extraB + tpR
 		if l.AsyncTP && rt.Overlap {
-			// Async TP overlaps each collective with the product next to
-			// it: what is left is the part longer than those products.
+			// Async TP (inductor's micro-pipeline pass) fuses an
+			// all-gather with the products whose left operand it is,
+			// and a reduce-scatter with the one product that produces
+			// its input; each then overlaps the products: what is left
+			// is the part longer than them. Forward and recomputed
+			// forward match throughout. In the backward only the
+			// gathered output gradients of wo and w2 match (their input
+			// gradients' products); the input gradients of wq/wk/wv and
+			// of w1/w3 are sums of products, so their reduce-scatters
+			// stay exposed.
 			tpF = math.Max(0, tpF-fMM)
-			tpB = math.Max(0, tpB-(2*bMM+rMM))
+			tpR = math.Max(0, tpR-rMM)
+			gathered := linTime(2 * N * L * (D*Q + F*D) / tp)
+			tpB = math.Max(0, L*2*agGrad-gathered) + L*2*rs + extraB + tpR
 		}
 	}
 	// Context parallel ring attention, per layer: cp blocks of
