@@ -90,8 +90,13 @@ import json, sys, statistics as st
 rows = [r for r in map(json.loads, open(sys.argv[1])) if r.get("run") == sys.argv[2]]
 print(f"run {sys.argv[2]}, load average before each run: " + ", ".join(f"{r['load_before']:.1f}" for r in rows))
 print()
-print("| layout | procs | predicted tok/s/proc | measured | error | predicted MiB/proc | measured | error |")
-print("|---|--:|--:|--:|--:|--:|--:|--:|")
+# "vs one": the tokens/s error of the layout's ratio to one process,
+# each measured ratio taken within a round (the host's speed drifts by
+# ±20 % over minutes, which moves every layout of a round alike), the
+# median over the rounds; only when "one" is among the layouts.
+one = {r["round"]: r for r in rows if r["layout"] == "one"}
+print("| layout | procs | predicted tok/s/proc | measured | error | vs one | predicted MiB/proc | measured | error |")
+print("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
 for l in sys.argv[3:]:
     rs = [r for r in rows if r["layout"] == l]
     if not rs:
@@ -100,7 +105,10 @@ for l in sys.argv[3:]:
     mt = st.median(x["measured_tps_per_proc"] for x in rs)
     mm = st.median(x["measured_mem_gib"] for x in rs)
     pt, pm = r["predicted_tps_per_proc"], r["predicted_mem_gib"]
-    print(f"| {l} | {r['nproc']} | {pt:.0f} | {mt:.0f} | {100*(pt/mt-1):+.1f}% | {1024*pm:.0f} | {1024*mm:.0f} | {100*(pm/mm-1):+.1f}% |")
+    rel = [(x["predicted_tps_per_proc"] / one[x["round"]]["predicted_tps_per_proc"]) /
+           (x["measured_tps_per_proc"] / one[x["round"]]["measured_tps_per_proc"]) - 1 for x in rs if x["round"] in one]
+    vs = f"{100*st.median(rel):+.1f}%" if rel and l != "one" else "—"
+    print(f"| {l} | {r['nproc']} | {pt:.0f} | {mt:.0f} | {100*(pt/mt-1):+.1f}% | {vs} | {1024*pm:.0f} | {1024*mm:.0f} | {100*(pm/mm-1):+.1f}% |")
 PY
 # The run as a plot: each layout's prediction error against its measured
 # median, numbered, in bench/plan/this_machine.png.
