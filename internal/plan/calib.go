@@ -250,6 +250,14 @@ type Runtime struct {
 	TorchSAC bool
 }
 
+// computeBytes is the size of a compute-precision element.
+func (rt Runtime) computeBytes() float64 {
+	if rt.Precision.Compute > 0 {
+		return float64(rt.Precision.Compute)
+	}
+	return 4
+}
+
 // RuntimeOf returns the runtime of layout l on cluster c: float32 and
 // titan's fused kernels on a CPU (whose ranks share the host's cores),
 // with the layout's mixed precision; float32 state with bf16 compute,

@@ -8,6 +8,7 @@ import (
 	"github.com/titan-go/titan/internal/cluster"
 	"github.com/titan-go/titan/internal/memplan"
 	"github.com/titan-go/titan/internal/model/llama"
+	"github.com/titan-go/titan/internal/parallel"
 	"github.com/titan-go/titan/internal/parallel/pipeline"
 )
 
@@ -107,7 +108,13 @@ type Prediction struct {
 }
 
 // Fits reports whether the predicted memory fits the device.
-func (p Prediction) Fits() bool { return p.MemoryBytes <= p.Capacity }
+func (p Prediction) Fits() bool { return p.fitsWithin(0) }
+
+// fitsWithin reports whether the predicted memory leaves headroom (a
+// fraction) of the device free.
+func (p Prediction) fitsWithin(headroom float64) bool {
+	return p.MemoryBytes <= (1-headroom)*p.Capacity
+}
 
 // Element-wise traffic, in elements per token and layer of the forward
 // pass (the backward moves twice as much), counted from the operations
@@ -254,6 +261,12 @@ func predict(job Job, c cluster.Cluster, cal Calibration, onlyFitting bool) (Pre
 	if err != nil {
 		return Prediction{}, err
 	}
+	var pp parallel.PipelinePlan // the pipeline every rank's transients walk
+	if l.Degrees.PP > 1 {
+		if pp, err = mp.ResolvePipeline(); err != nil {
+			return Prediction{}, err
+		}
+	}
 	// The busiest rank with the runtime's transients: a pipeline's loss
 	// is on its last rank only.
 	var pred Prediction
@@ -266,9 +279,7 @@ func predict(job Job, c cluster.Cluster, cal Calibration, onlyFitting bool) (Pre
 		if mem.Head {
 			p.LossBytes = lossTransient(job, rt)
 		}
-		if p.SACBytes, err = sacSaved(job, mp, mem, rt); err != nil {
-			return Prediction{}, err
-		}
+		p.SACBytes = sacSaved(job, pp, mem, rt)
 		perRank[i] = cal.MemoryFactor*p.needed() + cal.MemoryBase
 		if i == 0 || p.needed() > pred.needed() {
 			pred = p
@@ -355,27 +366,24 @@ func (p Prediction) needed() float64 {
 
 // sacSaved is what PyTorch's per-operation checkpointing keeps beyond
 // titan's policy of the same name on a rank (memplan's report mem),
-// with every activation set memplan counts: torchtitan's policy saves
+// with every activation set memplan counts (pp: the job's resolved
+// pipeline under pipeline parallelism): torchtitan's policy saves
 // the output of every other matrix product, w2's included, which no
 // backward reads (titan's w2 product accumulates onto the residual
 // stream, the next layer's input, and keeps nothing). Under pipeline
 // parallelism pipelineGradHold corrects it, with the rest of a set, for
 // the sets not alive at the rank's peak.
-func sacSaved(job Job, mp memplan.Plan, mem memplan.Report, rt Runtime) (float64, error) {
+func sacSaved(job Job, pp parallel.PipelinePlan, mem memplan.Report, rt Runtime) float64 {
 	l := job.Layout
 	if l.Degrees.PP <= 1 {
-		return sacPerSet(job, rt, job.Model.NLayers, l.LocalBatch), nil
-	}
-	pp, err := mp.ResolvePipeline()
-	if err != nil {
-		return 0, err
+		return sacPerSet(job, rt, job.Model.NLayers, l.LocalBatch)
 	}
 	sets, _ := pp.Schedule.ActivationSets(mem.Rank)
 	var b float64
 	for s, n := range sets {
 		b += float64(n) * sacPerSet(job, rt, pp.Stages[s].NumLayers, pp.MicrobatchRows)
 	}
-	return b, nil
+	return b
 }
 
 // sacPerSet is sacSaved's part of one activation set of layers layers
@@ -388,11 +396,7 @@ func sacPerSet(job Job, rt Runtime, layers, rows int) float64 {
 	if !rt.TorchSAC || l.Checkpoint.Mode != "selective" || l.Checkpoint.Option != "op" {
 		return 0
 	}
-	cb := 4.0
-	if rt.Precision.Compute > 0 {
-		cb = float64(rt.Precision.Compute)
-	}
-	return float64(layers) * float64(rows*l.SeqLen) / float64(max(l.Degrees.CP, 1)) * float64(job.Model.Dim) * cb
+	return float64(layers) * float64(rows*l.SeqLen) / float64(max(l.Degrees.CP, 1)) * float64(job.Model.Dim) * rt.computeBytes()
 }
 
 // pipelineGradHold is what a rank of a PyTorch pipeline holds beyond
@@ -489,10 +493,7 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 	cfg := job.Model
 	d := l.Degrees
 	r := ratesOf(c, cal, rt, d.CP)
-	cb := 4.0
-	if rt.Precision.Compute > 0 {
-		cb = float64(rt.Precision.Compute)
-	}
+	cb := rt.computeBytes()
 	D, V := float64(cfg.Dim), float64(cfg.VocabSize)
 	F := float64(cfg.FFNHidden())
 	Q, KV := float64(cfg.NHeads*cfg.HeadDim()), float64(cfg.KVHeads()*cfg.HeadDim())

@@ -59,12 +59,6 @@ type SearchOptions struct {
 // 9 % (bench/plan/README.md), and on this machine's layouts 10 %.
 const DefaultHeadroom = 0.10
 
-// within reports whether p's predicted memory leaves headroom of its
-// device free.
-func within(p Prediction, headroom float64) bool {
-	return p.MemoryBytes <= (1-headroom)*p.Capacity
-}
-
 // Search enumerates the layouts of base's model on world ranks of c —
 // dp_replicate, dp_shard, tp (within a node), pp with each schedule and
 // microbatch size, cp, and the activation checkpointing policies — that
@@ -126,7 +120,7 @@ func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (Sear
 								continue
 							}
 							res.Tried++
-							if p.Fits() && within(p, o.Headroom) {
+							if p.fitsWithin(o.Headroom) {
 								fits = append(fits, p)
 							}
 						}
@@ -145,7 +139,7 @@ func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (Sear
 		if g.TokensPerDevice < fits[0].TokensPerDevice {
 			res.Given.Why = WhySlower(g, fits[0])
 		}
-		if g.Fits() && within(g, o.Headroom) {
+		if g.fitsWithin(o.Headroom) {
 			res.GivenRank = 1
 			for _, p := range fits {
 				if p.TokensPerDevice > g.TokensPerDevice {
