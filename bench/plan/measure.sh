@@ -72,7 +72,8 @@ for r in $(seq "$rounds"); do
 		$py - "$d/metrics.jsonl" "$tmp/pred.json" "$l" "$n" "$r" "$load" "$run" >>"$out" <<'PY'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1])]
-pred = json.load(open(sys.argv[2]))["prediction"]
+plan = json.load(open(sys.argv[2]))
+pred, cal = plan["prediction"], plan["calibration"]
 n = int(sys.argv[4])
 last = recs[-2:]
 tps = sum(x["tokens_per_sec"] for x in last) / len(last) / n
@@ -80,7 +81,8 @@ mem = max(x["mem_gib"] for x in recs)
 print(json.dumps({"run": sys.argv[7], "layout": sys.argv[3], "nproc": n, "round": int(sys.argv[5]), "load_before": float(sys.argv[6]),
     "measured_tps_per_proc": tps, "measured_mem_gib": mem,
     "predicted_tps_per_proc": pred["tokens_per_sec_per_device"], "predicted_mem_gib": pred["memory_bytes"]["predicted"] / 2**30,
-    "memplan_total_gib": pred["memory_bytes"]["memplan_total"] / 2**30, "bubble": pred["bubble_fraction"], "plan_layout": pred["layout"]}))
+    "memplan_total_gib": pred["memory_bytes"]["memplan_total"] / 2**30, "bubble": pred["bubble_fraction"], "plan_layout": pred["layout"],
+    "calibration": cal["source"], "cal_matmul": cal["matmul_efficiency"]}))
 PY
 		echo "round $r $l done" >&2
 	done

@@ -183,7 +183,7 @@ func planCluster(ref, calPath string) (cluster.Cluster, plan.Calibration, error)
 		if cal.Cluster != c.Name {
 			return cluster.Cluster{}, plan.Calibration{}, fmt.Errorf("plan: the calibration %s was made on cluster %q, not %q", path, cal.Cluster, c.Name)
 		}
-		return c, cal, nil
+		return cal.OnHost(c), cal, nil
 	}
 	c, err := cluster.Load(ref)
 	if err != nil {

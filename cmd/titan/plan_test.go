@@ -5,6 +5,8 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -80,11 +82,13 @@ func TestPlanCalibrateThisMachine(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	// The in-step probe ran: a training step's rate against the kernels'.
+	// So did the host peak, which MFU is then taken against.
 	var written struct {
-		InStep float64 `json:"in_step_factor"`
+		InStep   float64 `json:"in_step_factor"`
+		HostPeak float64 `json:"host_peak_flops"`
 	}
-	if data, err := os.ReadFile(cal); err != nil || json.Unmarshal(data, &written) != nil || !(written.InStep > 0) {
-		t.Errorf("calibration %s: in_step_factor %g (%v)", cal, written.InStep, err)
+	if data, err := os.ReadFile(cal); err != nil || json.Unmarshal(data, &written) != nil || !(written.InStep > 0) || !(written.HostPeak > 0) {
+		t.Errorf("calibration %s: in_step_factor %g, host_peak_flops %g (%v)", cal, written.InStep, written.HostPeak, err)
 	}
 	out, err := titan(t, "plan", "--recipe", "../../recipes/llama3_debug.toml", "--cluster", "this", "--calibration", cal, "--world", "2",
 		"--set", "parallelism.tensor_parallel_degree=2", "--set", "parallelism.data_parallel_shard_degree=1")
@@ -95,6 +99,11 @@ func TestPlanCalibrateThisMachine(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in\n%s", want, out)
 		}
+	}
+	if m := regexp.MustCompile(`MFU ([0-9.]+)%`).FindStringSubmatch(out); m == nil {
+		t.Errorf("no MFU in\n%s", out)
+	} else if mfu, _ := strconv.ParseFloat(m[1], 64); !(mfu > 0 && mfu < 100) {
+		t.Errorf("MFU %g%% against the measured host peak, want within (0, 100)", mfu)
 	}
 	out, err = titan(t, "plan", "--recipe", "../../recipes/llama3_debug.toml", "--cluster", "this", "--calibration", cal, "--world", "4", "--search", "--top", "3")
 	if err != nil || !strings.Contains(out, "why slower than #1") {

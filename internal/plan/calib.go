@@ -59,8 +59,27 @@ type Calibration struct {
 	// the kernels' rates alone predicted (measureInStep); the compute
 	// efficiencies above are already divided by it (0: not measured).
 	InStep float64 `json:"in_step_factor,omitempty"`
+	// HostPeak, on a CPU host, is the float32 GEMM peak titan train
+	// measures MFU against (cpu.HostPeakFLOPS); the efficiencies above
+	// are fractions of it, and OnHost puts it in place of the cluster
+	// file's nominal peak, which a VM's unseen clock boosts make
+	// meaningless (0: not measured, the nominal peak is used).
+	HostPeak float64 `json:"host_peak_flops,omitempty"`
 	// Created is when the calibration was made (RFC 3339).
 	Created string `json:"created,omitempty"`
+}
+
+// OnHost returns CPU cluster c with the peaks the calibration's
+// efficiencies are fractions of: the measured HostPeak for float32, and
+// the bfloat16 peak scaled by the same ratio. GPU clusters and
+// calibrations without a host peak are returned as they are.
+func (c Calibration) OnHost(cl cluster.Cluster) cluster.Cluster {
+	if !cl.CPU() || c.HostPeak <= 0 || cl.Device.PeakFP32 <= 0 {
+		return cl
+	}
+	r := c.HostPeak / cl.Device.PeakFP32
+	cl.Device.PeakFP32, cl.Device.PeakBF16 = c.HostPeak, r*cl.Device.PeakBF16
+	return cl
 }
 
 // RingRate is ring attention's efficiency at one cp degree, with
@@ -107,8 +126,8 @@ func (c Calibration) Validate() error {
 			return fmt.Errorf("plan: calibration %s = %g must be > 0", f.name, f.v)
 		}
 	}
-	if c.MatmulFP8 < 0 || c.MemoryBase < 0 || c.MatmulBF16 < 0 || c.AttentionBF16 < 0 {
-		return fmt.Errorf("plan: calibration matmul_fp8_efficiency %g, matmul_bf16_efficiency %g, attention_bf16_efficiency %g and memory_base_bytes %g must be >= 0", c.MatmulFP8, c.MatmulBF16, c.AttentionBF16, c.MemoryBase)
+	if c.MatmulFP8 < 0 || c.MemoryBase < 0 || c.MatmulBF16 < 0 || c.AttentionBF16 < 0 || c.HostPeak < 0 {
+		return fmt.Errorf("plan: calibration matmul_fp8_efficiency %g, matmul_bf16_efficiency %g, attention_bf16_efficiency %g, memory_base_bytes %g and host_peak_flops %g must be >= 0", c.MatmulFP8, c.MatmulBF16, c.AttentionBF16, c.MemoryBase, c.HostPeak)
 	}
 	for _, r := range c.RingAttention {
 		if r.CP < 2 || !(r.Efficiency > 0) || !(r.EfficiencyBF16 > 0) {

@@ -85,9 +85,14 @@ func CalibrateCPU(ctx context.Context, c cluster.Cluster, o CalibrateOptions) (C
 		return Calibration{}, err
 	}
 	logf("kernels (%s, %d × %d, %d threads): GEMM %.3g FLOP/s (bf16 %.3g), attention %.3g FLOP/s (bf16 %.3g), element-wise %.3g B/s", o.Flavor, o.Batch, o.SeqLen, k.threads, k.gemm, k.gemmBF16, k.attn, k.attnBF16, k.ew)
+	// Efficiencies are fractions of the peak titan train's MFU uses.
+	host := Calibration{HostPeak: cpu.HostPeakFLOPS()}
+	c = host.OnHost(c)
+	logf("host peak (float32 GEMM, as titan train's MFU): %.3g FLOP/s", c.Device.PeakFP32)
 	cal := Calibration{
 		Source:     fmt.Sprintf("titan plan --calibrate on this host (%s shapes; %s)", o.Flavor, time.Now().UTC().Format(time.RFC3339)),
 		Cluster:    c.Name,
+		HostPeak:   c.Device.PeakFP32,
 		Matmul:     k.gemm / c.Device.PeakFP32,
 		Attention:  k.attn / c.Device.PeakFP32,
 		MatmulBF16: k.gemmBF16 / c.Device.PeakFP32, AttentionBF16: k.attnBF16 / c.Device.PeakFP32,

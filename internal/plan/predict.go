@@ -567,24 +567,28 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 	var tpF, tpB float64
 	if d.TP > 1 {
 		// Float8 layers gather their inputs already cast to float8 (one
-		// byte an element); the reduce-scatters stay in bf16, and so do
-		// the backward's gradients (cast to float8 inside the products,
-		// after the all-gather).
+		// byte an element), and the backward gathers the output
+		// gradients of wo and w2 in float8 too: torchao's row-wise
+		// parallel layer casts its output's gradient before the
+		// gather. The reduce-scatters stay in bf16, and so do the
+		// gathers around the embedding and the head, which are not
+		// float8 layers.
 		agb := cb
 		if l.Float8 {
 			agb = 1
 		}
 		link := groupLink(c, d, "tp")
 		ag := ringTime(c, cal, rt, "all_gather", d.TP, link, N*D*agb)
-		agGrad := ringTime(c, cal, rt, "all_gather", d.TP, link, N*D*cb)
+		agGrad := ag // wo's and w2's output gradients: [N, D] like the inputs
+		agOuter := ringTime(c, cal, rt, "all_gather", d.TP, link, N*D*cb)
 		rs := ringTime(c, cal, rt, "reduce_scatter", d.TP, link, N*D*cb)
 		fwdLayer, bwdLayer := 2*ag+2*rs, 2*agGrad+2*rs
 		var extraF, extraB float64
 		if share.embed {
-			extraF, extraB = extraF+rs, extraB+agGrad
+			extraF, extraB = extraF+rs, extraB+agOuter
 		}
 		if share.head {
-			extraF, extraB = extraF+ag, extraB+rs
+			extraF, extraB = extraF+agOuter, extraB+rs
 		}
 		tpF = L*fwdLayer + extraF
 		tpR := recomputed * fwdLayer // the recomputed forwards'
