@@ -52,8 +52,8 @@ type CalibrateOptions struct {
 // count)
 // and how a titan train process's memory relates to memplan's estimate
 // (two 2-step runs of the tiny_bench model, see measureMemory); a short
-// one-process run of the tiny_bench model then scales the kernels'
-// efficiencies to what they reach inside a training step
+// one-process run of the model the kernels were timed on then scales
+// their efficiencies to what they reach inside a training step
 // (measureInStep). It returns them as a calibration for cluster c.
 func CalibrateCPU(ctx context.Context, c cluster.Cluster, o CalibrateOptions) (Calibration, error) {
 	if !c.CPU() {
@@ -120,7 +120,7 @@ func CalibrateCPU(ctx context.Context, c cluster.Cluster, o CalibrateOptions) (C
 	}
 	cal.MemoryFactor, cal.MemoryBase = factor, base
 	logf("process memory: %.3f × memplan's estimate + %s", factor, bytesize.Human(int64(base)))
-	inStep, predicted, measured, err := measureInStep(ctx, o.Exe, c, cal)
+	inStep, predicted, measured, err := measureInStep(ctx, o, c, cal)
 	if err != nil {
 		return cal, err
 	}
@@ -131,7 +131,7 @@ func CalibrateCPU(ctx context.Context, c cluster.Cluster, o CalibrateOptions) (C
 		r.Efficiency, r.EfficiencyBF16 = r.Efficiency/c.Device.PeakFP32/inStep, r.EfficiencyBF16/c.Device.PeakFP32/inStep
 	}
 	cal.InStep = inStep
-	logf("in a training step (tiny_bench, 1 process, %d steps, median of %d runs): %.0f tokens/s against %.0f from the kernels alone: compute efficiencies divided by %.3f", stepProbeSteps, stepProbeRuns, measured, predicted, inStep)
+	logf("in a training step (%s, %d × %d, 1 process, %d steps, median of %d runs): %.0f tokens/s against %.0f from the kernels alone: compute efficiencies divided by %.3f", o.Flavor, o.Batch, o.SeqLen, stepProbeSteps, stepProbeRuns, measured, predicted, inStep)
 	return cal, cal.Validate()
 }
 
@@ -139,21 +139,29 @@ func CalibrateCPU(ctx context.Context, c cluster.Cluster, o CalibrateOptions) (C
 // steps (the first window holds start-up and is left out).
 const stepProbeSteps = 12
 
-// stepProbe is measureInStep's job: the tiny_bench model (not the debug
-// model the layouts of bench/plan are measured on) in one process.
-var stepProbe = []string{"model.flavor=tiny_bench", "training.local_batch_size=8", "training.seq_len=256",
-	"training.steps=" + strconv.Itoa(stepProbeSteps), "metrics.log_freq=4", "checkpoint.enable=false",
-	"validation.enable=false", "activation_checkpoint.mode=none"}
+// stepProbe is measureInStep's job: the model and batch shape whose
+// kernels the calibration timed, in one process.
+func stepProbe(o CalibrateOptions) []string {
+	return []string{"model.flavor=" + o.Flavor, "training.local_batch_size=" + strconv.Itoa(o.Batch), "training.seq_len=" + strconv.Itoa(o.SeqLen),
+		"training.steps=" + strconv.Itoa(stepProbeSteps), "metrics.log_freq=4", "checkpoint.enable=false",
+		"validation.enable=false", "activation_checkpoint.mode=none"}
+}
 
 // measureInStep trains the step probe in one process and returns how
 // much slower its step is than the kernels' rates alone predict (the
 // ratio of predicted to measured tokens/s): kernels timed one at a time
 // keep their operands in cache and their threads awake, a training step
 // runs them back to back between the optimizer, the loss and the
-// collector. The compute efficiencies are divided by it; communication
-// is measured separately and is not.
-func measureInStep(ctx context.Context, exe string, c cluster.Cluster, cal Calibration) (inStep, predicted, measured float64, err error) {
-	job, err := config.Load("", stepProbe, nil)
+// collector, and what one kernel leaves in the caches slows the next by
+// how much the model's tensors overflow them — a model of its own: with
+// the debug model's products, the tiny_bench model (4 heads of 64 where
+// the debug model has 16 of 16) ran at its kernels' rates on a Zen 5
+// host where the debug model ran 13 % below its own, so the probe is the
+// model the kernels were timed on. The compute efficiencies are divided
+// by it; communication is measured separately and is not.
+func measureInStep(ctx context.Context, o CalibrateOptions, c cluster.Cluster, cal Calibration) (inStep, predicted, measured float64, err error) {
+	probe := stepProbe(o)
+	job, err := config.Load("", probe, nil)
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("plan: calibrate: the step probe: %w", err)
 	}
@@ -170,7 +178,7 @@ func measureInStep(ctx context.Context, exe string, c cluster.Cluster, cal Calib
 	// calibration made in a fast moment over-predicts everything after.
 	runs := make([]float64, stepProbeRuns)
 	for i := range runs {
-		data, err := trainProbe(ctx, exe, stepProbe)
+		data, err := trainProbe(ctx, o.Exe, probe)
 		if err != nil {
 			return 0, 0, 0, err
 		}
