@@ -69,7 +69,7 @@ type Calibration struct {
 	Created string `json:"created,omitempty"`
 }
 
-// OnHost returns CPU cluster c with the peaks the calibration's
+// OnHost returns CPU cluster cl with the peaks the calibration's
 // efficiencies are fractions of: the measured HostPeak for float32, and
 // the bfloat16 peak scaled by the same ratio. GPU clusters and
 // calibrations without a host peak are returned as they are.

@@ -153,11 +153,11 @@ func stepProbe(o CalibrateOptions) []string {
 // keep their operands in cache and their threads awake, a training step
 // runs them back to back between the optimizer, the loss and the
 // collector, and what one kernel leaves in the caches slows the next by
-// how much the model's tensors overflow them — a model of its own: with
-// the debug model's products, the tiny_bench model (4 heads of 64 where
-// the debug model has 16 of 16) ran at its kernels' rates on a Zen 5
-// host where the debug model ran 13 % below its own, so the probe is the
-// model the kernels were timed on. The compute efficiencies are divided
+// how much the model's tensors overflow them, which differs between
+// models: on a Zen 5 host the tiny_bench model (the debug model's
+// products, but 4 heads of 64 where it has 16 of 16) ran 6 % below the
+// rates its kernels predicted and the debug model 19 % below, so the
+// probe is the model the kernels were timed on. The compute efficiencies are divided
 // by it; communication is measured separately and is not.
 func measureInStep(ctx context.Context, o CalibrateOptions, c cluster.Cluster, cal Calibration) (inStep, predicted, measured float64, err error) {
 	probe := stepProbe(o)
