@@ -602,17 +602,36 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 			// Async TP (inductor's micro-pipeline pass) fuses an
 			// all-gather with the products whose left operand it is,
 			// and a reduce-scatter with the one product that produces
-			// its input; each then overlaps the products: what is left
-			// is the part longer than them. Forward and recomputed
-			// forward match throughout. In the backward only the
-			// gathered output gradients of wo and w2 match (their input
-			// gradients' products); the input gradients of wq/wk/wv and
-			// of w1/w3 are sums of products, so their reduce-scatters
-			// stay exposed.
-			tpF = math.Max(0, tpF-fMM)
-			tpR = math.Max(0, tpR-rMM)
-			gathered := linTime(2 * N * L * (D*Q + F*D) / tp)
-			tpB = math.Max(0, L*2*agGrad-gathered) + L*2*rs + extraB + tpR
+			// its input; each collective then overlaps its own fused
+			// products, and what is left is the part longer than them
+			// (overlapped).
+			prod := func(cols float64) float64 { return linTime(2 * N * D * cols / tp) }
+			// A forward: the attention norm's gather feeds wq, wk and
+			// wv, the ffn norm's w1 and w3; wo and w2 produce their
+			// reduce-scatters' inputs. The head's gather feeds the
+			// head; the embedding's reduce-scatter has no product.
+			fwdExposed := overlapped(ag, prod(Q+2*KV)) + overlapped(ag, prod(2*F)) + overlapped(rs, prod(Q)) + overlapped(rs, prod(F))
+			tpF = L * fwdExposed
+			if share.embed {
+				tpF += rs
+			}
+			if share.head {
+				tpF += overlapped(agOuter, mmTime(headMM))
+			}
+			// The recomputed forwards: a whole one under full (or
+			// per-layer) checkpointing; under the per-operation policy
+			// only wk, wo and w3 are rerun, so each norm's gather hides
+			// behind one product (wk, w3) and wo's reduce-scatter
+			// behind wo.
+			tpR = recomputed * fwdExposed
+			if ops {
+				tpR += L * (overlapped(ag, prod(KV)) + overlapped(ag, prod(F)) + overlapped(rs, prod(Q)))
+			}
+			// The backward: the gathered output gradients of wo and w2
+			// feed their input gradients' products; the input
+			// gradients of wq/wk/wv and of w1/w3 are sums of products,
+			// so their reduce-scatters stay exposed.
+			tpB = L*(overlapped(agGrad, prod(Q))+overlapped(agGrad, prod(F))+2*rs) + extraB + tpR
 		}
 	}
 	// Context parallel ring attention, per layer: cp blocks of
@@ -872,3 +891,7 @@ func p2pTime(c cluster.Cluster, cal Calibration, rt Runtime, link cluster.Link, 
 	}
 	return size/(link.Bandwidth*cal.Comm) + link.Latency
 }
+
+// overlapped is what is left exposed of a collective of comm seconds that
+// runs beside products of work seconds.
+func overlapped(comm, work float64) float64 { return math.Max(0, comm-work) }
