@@ -101,6 +101,14 @@ each device's memory free.`,
 				if err != nil {
 					return err
 				}
+				var top []plan.Prediction
+				for _, t := range r.Top {
+					top = append(top, t.Prediction)
+				}
+				caveats, err := plan.Caveats(top...)
+				if err != nil {
+					return err
+				}
 				if asJSON {
 					var rows []plan.JSONPrediction
 					for _, t := range r.Top {
@@ -108,19 +116,25 @@ each device's memory free.`,
 						p.Why = t.Why
 						rows = append(rows, p)
 					}
-					return plan.WriteJSON(out, map[string]any{"tried": r.Tried, "fit": r.Fit, "global_batch": r.GlobalBatch, "calibration": cal, "top": rows})
+					return plan.WriteJSON(out, map[string]any{"tried": r.Tried, "fit": r.Fit, "global_batch": r.GlobalBatch, "calibration": cal, "top": rows, "caveats": caveats})
 				}
 				plan.WriteSearch(out, r, cal)
+				plan.WriteCaveats(out, caveats)
 				return nil
 			}
 			p, err := plan.Predict(j, c, cal)
 			if err != nil {
 				return err
 			}
+			caveats, err := plan.Caveats(p)
+			if err != nil {
+				return err
+			}
 			if asJSON {
-				return plan.WriteJSON(out, map[string]any{"prediction": p.JSON(), "calibration": cal})
+				return plan.WriteJSON(out, map[string]any{"prediction": p.JSON(), "calibration": cal, "caveats": caveats})
 			}
 			plan.WriteTable(out, p, cal)
+			plan.WriteCaveats(out, caveats)
 			return nil
 		},
 	}

@@ -1091,3 +1091,61 @@ func TestAsyncTPHidesEachCollectiveBehindItsProducts(t *testing.T) {
 		t.Errorf("async TP saves %g s of tp communication; each collective can hide behind its own products only: at most %g s", saved, most)
 	}
 }
+
+// TestCaveats checks that a GPU prediction of a kind of layout the
+// published rows show the model predicting poorly carries those rows'
+// errors, and that other layouts, and this machine's, carry none.
+func TestCaveats(t *testing.T) {
+	gpu, err := cluster.Load(ReferenceCluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cal, err := CalibrateGPU(gpu)
+	if err != nil {
+		t.Fatal(err)
+	}
+	predict := func(c cluster.Cluster, cal Calibration, recipe string, world int, sets ...string) Prediction {
+		t.Helper()
+		p, err := Predict(recipeJob(t, recipe, world, sets...), c, cal)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	cp4 := predict(gpu, cal, "llama3_8b.toml", 8, "parallelism.context_parallel_degree=4", "parallelism.data_parallel_shard_degree=2",
+		"training.seq_len=131072", "training.local_batch_size=1", "activation_checkpoint.mode=full")
+	tp8 := predict(gpu, cal, "llama3_8b.toml", 64, "parallelism.tensor_parallel_degree=8", "parallelism.data_parallel_shard_degree=8")
+	plain := predict(gpu, cal, "llama3_8b.toml", 8)
+	wide := predict(gpu, cal, "llama3_70b.toml", 256, "parallelism.tensor_parallel_degree=8", "parallelism.data_parallel_shard_degree=32")
+	host, err := cluster.Load("cpu-2core")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpu := predict(host, cpuCal(), "llama3_debug.toml", 4, "parallelism.data_parallel_shard_degree=1", "parallelism.tensor_parallel_degree=4")
+	for _, tc := range []struct {
+		name string
+		ps   []Prediction
+		want []string // one caveat each, containing these
+	}{
+		{"8B CP4", []Prediction{cp4}, []string{"context parallelism above 2: tokens/s of torchtitan's published rows", "8B FSDP1 CP8 256K +"}},
+		{"8B TP8", []Prediction{tp8}, []string{"512 columns", "8B FSDP8 TP8 float8 +"}},
+		{"8B FSDP8", []Prediction{plain}, nil},
+		{"70B TP8 (1024 columns a rank)", []Prediction{wide}, nil},
+		{"debug TP4 on this machine", []Prediction{cpu}, nil},
+		{"a search's top: one line a kind", []Prediction{plain, cp4, cp4}, []string{"context parallelism above 2"}},
+	} {
+		got, err := Caveats(tc.ps...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != min(len(tc.want), 1) {
+			t.Errorf("%s: %d caveats %q, want %d", tc.name, len(got), got, min(len(tc.want), 1))
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(got[0], w) {
+				t.Errorf("%s: caveat %q lacks %q", tc.name, got[0], w)
+			}
+		}
+	}
+}

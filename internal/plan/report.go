@@ -192,6 +192,13 @@ func WriteReference(w io.Writer, rs []RowResult, cal Calibration) {
 	fmt.Fprintln(w)
 }
 
+// WriteCaveats writes a prediction's caveats (see Caveats), if any.
+func WriteCaveats(w io.Writer, caveats []string) {
+	for _, c := range caveats {
+		fmt.Fprintf(w, "caveat: %s\n", c)
+	}
+}
+
 // seconds writes a duration in s or ms.
 func seconds(s float64) string {
 	switch {
