@@ -86,13 +86,13 @@ func CalibrateCPU(ctx context.Context, c cluster.Cluster, o CalibrateOptions) (C
 	}
 	logf("kernels (%s, %d × %d, %d threads): GEMM %.3g FLOP/s (bf16 %.3g), attention %.3g FLOP/s (bf16 %.3g), element-wise %.3g B/s", o.Flavor, o.Batch, o.SeqLen, k.threads, k.gemm, k.gemmBF16, k.attn, k.attnBF16, k.ew)
 	// Efficiencies are fractions of the peak titan train's MFU uses.
-	host := Calibration{HostPeak: cpu.HostPeakFLOPS()}
-	c = host.OnHost(c)
-	logf("host peak (float32 GEMM, as titan train's MFU): %.3g FLOP/s", c.Device.PeakFP32)
+	peak := cpu.HostPeakFLOPS()
+	c = Calibration{HostPeak: peak}.OnHost(c)
+	logf("host peak (float32 GEMM, as titan train's MFU): %.3g FLOP/s", peak)
 	cal := Calibration{
 		Source:     fmt.Sprintf("titan plan --calibrate on this host (%s shapes; %s)", o.Flavor, time.Now().UTC().Format(time.RFC3339)),
 		Cluster:    c.Name,
-		HostPeak:   c.Device.PeakFP32,
+		HostPeak:   peak,
 		Matmul:     k.gemm / c.Device.PeakFP32,
 		Attention:  k.attn / c.Device.PeakFP32,
 		MatmulBF16: k.gemmBF16 / c.Device.PeakFP32, AttentionBF16: k.attnBF16 / c.Device.PeakFP32,
@@ -157,8 +157,9 @@ func stepProbe(o CalibrateOptions) []string {
 // models: on a Zen 5 host the tiny_bench model (the debug model's
 // products, but 4 heads of 64 where it has 16 of 16) ran 6 % below the
 // rates its kernels predicted and the debug model 19 % below, so the
-// probe is the model the kernels were timed on. The compute efficiencies are divided
-// by it; communication is measured separately and is not.
+// probe is the model the kernels were timed on. The compute
+// efficiencies are divided by it; communication is measured separately
+// and is not.
 func measureInStep(ctx context.Context, o CalibrateOptions, c cluster.Cluster, cal Calibration) (inStep, predicted, measured float64, err error) {
 	probe := stepProbe(o)
 	job, err := config.Load("", probe, nil)

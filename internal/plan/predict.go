@@ -582,56 +582,43 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 		agGrad := ag // wo's and w2's output gradients: [N, D] like the inputs
 		agOuter := ringTime(c, cal, rt, "all_gather", d.TP, link, N*D*cb)
 		rs := ringTime(c, cal, rt, "reduce_scatter", d.TP, link, N*D*cb)
-		fwdLayer, bwdLayer := 2*ag+2*rs, 2*agGrad+2*rs
-		var extraF, extraB float64
+		// exposed is what is left of a collective beside the products
+		// it can overlap: all of it without async TP. Async TP
+		// (inductor's micro-pipeline pass) fuses an all-gather with the
+		// products whose left operand it is, and a reduce-scatter with
+		// the one product that produces its input; each collective
+		// then overlaps its own fused products only.
+		exposed := func(comm, work float64) float64 { return comm }
+		if l.AsyncTP && rt.Overlap {
+			exposed = overlapped
+		}
+		prod := func(cols float64) float64 { return linTime(2 * N * D * cols / tp) }
+		// A forward: the attention norm's gather feeds wq, wk and wv,
+		// the ffn norm's w1 and w3; wo and w2 produce their
+		// reduce-scatters' inputs. The head's gather feeds the head;
+		// the embedding's reduce-scatter has no product.
+		fwdLayer := exposed(ag, prod(Q+2*KV)) + exposed(ag, prod(2*F)) + exposed(rs, prod(Q)) + exposed(rs, prod(F))
+		tpF = L * fwdLayer
+		// The backward: the gathered output gradients of wo and w2 feed
+		// their input gradients' products; the input gradients of
+		// wq/wk/wv and of w1/w3 are sums of products, so their
+		// reduce-scatters stay exposed; so do the embedding's gathered
+		// gradient and the head's reduce-scatter.
+		tpB = L * (exposed(agGrad, prod(Q)) + exposed(agGrad, prod(F)) + 2*rs)
 		if share.embed {
-			extraF, extraB = extraF+rs, extraB+agOuter
+			tpF, tpB = tpF+rs, tpB+agOuter
 		}
 		if share.head {
-			extraF, extraB = extraF+agOuter, extraB+rs
+			tpF, tpB = tpF+exposed(agOuter, mmTime(headMM)), tpB+rs
 		}
-		tpF = L*fwdLayer + extraF
-		tpR := recomputed * fwdLayer // the recomputed forwards'
+		// The recomputed forwards: a whole one a recomputed layer under
+		// full (or per-layer) checkpointing; under the per-operation
+		// policy only wk, wo and w3 are rerun, so the recomputation
+		// gathers both norms' outputs, each beside one product (wk,
+		// w3), and reduce-scatters wo's beside wo.
+		tpB += recomputed * fwdLayer
 		if ops {
-			// Its recomputation gathers both norms' outputs and
-			// reduce-scatters wo's.
-			tpR += L * (2*ag + rs)
-		}
-		tpB = L*bwdLayer + extraB + tpR
-		if l.AsyncTP && rt.Overlap {
-			// Async TP (inductor's micro-pipeline pass) fuses an
-			// all-gather with the products whose left operand it is,
-			// and a reduce-scatter with the one product that produces
-			// its input; each collective then overlaps its own fused
-			// products, and what is left is the part longer than them
-			// (overlapped).
-			prod := func(cols float64) float64 { return linTime(2 * N * D * cols / tp) }
-			// A forward: the attention norm's gather feeds wq, wk and
-			// wv, the ffn norm's w1 and w3; wo and w2 produce their
-			// reduce-scatters' inputs. The head's gather feeds the
-			// head; the embedding's reduce-scatter has no product.
-			fwdExposed := overlapped(ag, prod(Q+2*KV)) + overlapped(ag, prod(2*F)) + overlapped(rs, prod(Q)) + overlapped(rs, prod(F))
-			tpF = L * fwdExposed
-			if share.embed {
-				tpF += rs
-			}
-			if share.head {
-				tpF += overlapped(agOuter, mmTime(headMM))
-			}
-			// The recomputed forwards: a whole one under full (or
-			// per-layer) checkpointing; under the per-operation policy
-			// only wk, wo and w3 are rerun, so each norm's gather hides
-			// behind one product (wk, w3) and wo's reduce-scatter
-			// behind wo.
-			tpR = recomputed * fwdExposed
-			if ops {
-				tpR += L * (overlapped(ag, prod(KV)) + overlapped(ag, prod(F)) + overlapped(rs, prod(Q)))
-			}
-			// The backward: the gathered output gradients of wo and w2
-			// feed their input gradients' products; the input
-			// gradients of wq/wk/wv and of w1/w3 are sums of products,
-			// so their reduce-scatters stay exposed.
-			tpB = L*(overlapped(agGrad, prod(Q))+overlapped(agGrad, prod(F))+2*rs) + extraB + tpR
+			tpB += L * (exposed(ag, prod(KV)) + exposed(ag, prod(F)) + exposed(rs, prod(Q)))
 		}
 	}
 	// Context parallel ring attention, per layer: cp blocks of
