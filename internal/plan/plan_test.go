@@ -204,6 +204,25 @@ func TestBubbleIsSimulation(t *testing.T) {
 			t.Errorf("%s: parts sum to %g, step %g", sched, sum, b.Step)
 		}
 	}
+	// Without a pipeline there is no bubble, not a rounding residue
+	// (the report lists every part above zero).
+	for _, d := range []memplan.Degrees{deg(1, 1, 1, 1, 1), deg(1, 1, 2, 1, 1), deg(1, 1, 1, 1, 2)} {
+		for _, mm := range []float64{0.3, 0.5, 0.7, 0.9} {
+			for _, lbs := range []int{1, 3, 8} {
+				j := debugJob(t, d, "1F1B")
+				j.Layout.LocalBatch = lbs
+				cal := cpuCal()
+				cal.Matmul = mm
+				p, err := Predict(j, c, cal)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if p.Step.Bubble != 0 {
+					t.Errorf("%+v lbs %d matmul %.1f: bubble %g s, want 0", d, lbs, mm, p.Step.Bubble)
+				}
+			}
+		}
+	}
 	// The closed form, through the same simulation Predict runs.
 	for _, m := range []int{2, 4, 8, 32} {
 		s, err := pipeline.Build("1F1B", 2, 1, m)

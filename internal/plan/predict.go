@@ -671,8 +671,10 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 	b.Recompute = m * (rMM + rAttn + rEW)
 	b.TP = m * (tpF + tpB)
 	b.CP = m * (cpF + cpB)
+	// The simulated makespan less the work, floored at zero; without a
+	// pipeline the two differ only by rounding.
 	b.Bubble = sim.Makespan - busy
-	if b.Bubble < 0 {
+	if b.Bubble < 0 || d.PP == 1 {
 		b.Bubble = 0
 	}
 
