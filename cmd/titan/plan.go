@@ -63,6 +63,9 @@ each device's memory free.`,
 				return errors.New("plan: --plot draws the published rows and goes with --reference")
 			}
 			if reference {
+				if rf.recipe != "" || len(rf.sets) > 0 || clusterRef != "" || search || world != 0 {
+					return errors.New("plan: --reference predicts torchtitan's published rows on their own cluster (" + plan.ReferenceCluster + "); it takes no --recipe, --set, --cluster, --world or --search")
+				}
 				rs, cal, err := plan.CompareReference()
 				if err != nil {
 					return err
@@ -73,19 +76,31 @@ each device's memory free.`,
 					}
 				}
 				if asJSON {
-					return plan.WriteJSON(out, rs)
+					return plan.WriteJSON(out, map[string]any{"calibration": cal, "rows": plan.ReferenceJSON(rs)})
 				}
 				plan.WriteReference(out, rs, cal)
 				return nil
+			}
+			if err := checkSearchFlags(top, maxTP, maxCP); err != nil {
+				return err
 			}
 			c, cal, err := planCluster(clusterRef, calPath)
 			if err != nil {
 				return err
 			}
+			if float8 {
+				// The flag is the recipe's converter, so the float8.*
+				// keys are checked as they are with it.
+				rf.sets = append(rf.sets, "model.converters=float8")
+			}
 			job, err := rf.load()
 			if err != nil {
 				return err
 			}
+			if world > c.World() {
+				return fmt.Errorf("plan: --world %d: cluster %s has %d devices (%d per node × %d)", world, c.Name, c.World(), c.DevicesPerNode, c.Nodes)
+			}
+			asked := world
 			if world == 0 {
 				world = recipeWorld(job.Parallelism.DataParallelShardDegree, c)
 			}
@@ -93,9 +108,17 @@ each device's memory free.`,
 			if err != nil {
 				return err
 			}
+			if asked > 0 && j.Layout.World() != asked {
+				return fmt.Errorf("plan: --world %d, but the recipe's degrees (%s) make %d ranks: set parallelism.data_parallel_shard_degree = -1 to fill --world, or give --world %d", asked, j.Layout.Degrees, j.Layout.World(), j.Layout.World())
+			}
+			if world == 0 {
+				world = j.Layout.World()
+			}
 			j.Layout.Compile = compile
-			j.Layout.Float8 = j.Layout.Float8 || float8 // the recipe's model.converters, or the flag
 			j.Layout.AsyncTP = j.Layout.AsyncTP || asyncTP
+			if j.Layout.AsyncTP && !search && j.Layout.Degrees.TP < 2 {
+				return fmt.Errorf("plan: --async-tp overlaps tensor-parallel collectives, and the layout (%s) has none: set parallelism.tensor_parallel_degree", j.Layout.Degrees)
+			}
 			if search {
 				r, err := plan.Search(j, c, cal, plan.SearchOptions{World: world, Top: top, MaxTP: maxTP, MaxCP: maxCP, Headroom: headroom})
 				if err != nil {
@@ -116,7 +139,15 @@ each device's memory free.`,
 						p.Why = t.Why
 						rows = append(rows, p)
 					}
-					return plan.WriteJSON(out, map[string]any{"tried": r.Tried, "fit": r.Fit, "global_batch": r.GlobalBatch, "calibration": cal, "top": rows, "caveats": caveats})
+					doc := map[string]any{"tried": r.Tried, "fit": r.Fit, "global_batch": r.GlobalBatch, "headroom": r.Headroom, "calibration": cal, "top": rows, "caveats": caveats}
+					if r.Given.Prediction.Step.Step > 0 {
+						// The recipe's own layout: its rank among those that fit (0:
+						// it does not fit) and why it loses to the best.
+						g := r.Given.Prediction.JSON()
+						g.Why = r.Given.Why
+						doc["given"] = map[string]any{"rank": r.GivenRank, "prediction": g}
+					}
+					return plan.WriteJSON(out, doc)
 				}
 				plan.WriteSearch(out, r, cal)
 				plan.WriteCaveats(out, caveats)
@@ -154,9 +185,20 @@ each device's memory free.`,
 	f.BoolVar(&reference, "reference", false, "predict torchtitan's published H100 rows from the calibration row and compare")
 	f.StringVar(&plotPath, "plot", "", "with --reference: also draw predicted against published (tokens/s and memory) into this PNG file")
 	f.BoolVar(&compile, "compile", false, "GPU: fused element-wise kernels (torch.compile)")
-	f.BoolVar(&float8, "float8", false, "GPU: float8 linear layers")
-	f.BoolVar(&asyncTP, "async-tp", false, "GPU: async tensor parallelism (also parallelism.enable_async_tensor_parallel)")
+	f.BoolVar(&float8, "float8", false, "GPU: float8 linear layers (the same as --set model.converters=float8; the float8.* keys apply)")
+	f.BoolVar(&asyncTP, "async-tp", false, "GPU: async tensor parallelism, torchtitan's parallelism.enable_async_tensor_parallel (needs --compile; titan train does not run it, so the recipe key is refused)")
 	return cmd
+}
+
+// checkSearchFlags refuses --search bounds that cannot mean anything.
+func checkSearchFlags(top, maxTP, maxCP int) error {
+	switch {
+	case top < 1:
+		return fmt.Errorf("plan: --top %d: show at least one layout", top)
+	case maxTP < 0 || maxCP < 0:
+		return fmt.Errorf("plan: --max-tp %d, --max-cp %d: want a degree, or 0 for the default", maxTP, maxCP)
+	}
+	return nil
 }
 
 // recipeWorld is the ranks of a recipe whose degrees leave none open,
@@ -193,6 +235,12 @@ func planCluster(ref, calPath string) (cluster.Cluster, plan.Calibration, error)
 		c, err := cluster.Load(ref)
 		if err != nil {
 			return cluster.Cluster{}, plan.Calibration{}, err
+		}
+		if !c.CPU() {
+			return cluster.Cluster{}, plan.Calibration{}, fmt.Errorf("plan: the calibration %s names cluster %q, which is not a CPU host: run `titan plan --calibrate` again", path, c.Name)
+		}
+		if err := cal.ValidateHost(); err != nil {
+			return cluster.Cluster{}, plan.Calibration{}, fmt.Errorf("%s: %w", path, err)
 		}
 		if cal.Cluster != c.Name {
 			return cluster.Cluster{}, plan.Calibration{}, fmt.Errorf("plan: the calibration %s was made on cluster %q, not %q", path, cal.Cluster, c.Name)

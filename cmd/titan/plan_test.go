@@ -53,6 +53,21 @@ func TestPlanErrors(t *testing.T) {
 	if err := os.WriteFile(bad, append([]byte("gpu_count = 8\n"), raw...), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Calibrations that are not this machine's: one naming a GPU
+	// cluster, one without the host peak its efficiencies are fractions of.
+	calFile := func(name, cluster string, peak float64) string {
+		path := filepath.Join(t.TempDir(), name)
+		cal := map[string]any{"source": "test", "cluster": cluster, "matmul_efficiency": 0.5, "attention_efficiency": 0.1, "elementwise_efficiency": 0.5,
+			"comm_efficiency": 1, "memory_factor": 1.1, "host_peak_flops": peak, "collectives": []map[string]any{
+				{"op": "allreduce", "nproc": 2, "latency_s": 1e-4, "bandwidth_bytes_per_s": 2e9}, {"op": "all_gather", "nproc": 2, "latency_s": 1e-4, "bandwidth_bytes_per_s": 2e9},
+				{"op": "reduce_scatter", "nproc": 2, "latency_s": 1e-4, "bandwidth_bytes_per_s": 2e9}}}
+		data, _ := json.Marshal(cal)
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	gpuCal, noPeak := calFile("gpu.json", "h100-sxm", 3e11), calFile("nopeak.json", "cpu-2core", 0)
 	for _, c := range []struct {
 		args []string
 		want string
@@ -63,6 +78,20 @@ func TestPlanErrors(t *testing.T) {
 		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "a100-80gb", "--world", "8", "--float8"}, "float8"},
 		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-sxm", "--world", "8", "--plot", filepath.Join(t.TempDir(), "p.png")}, "goes with --reference"},
 		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-sxm", "--world", "8", "--set", "training.mixed_precision_param=float32"}, "training.mixed_precision_param"},
+		// --world and the cluster's size, --world and the recipe's degrees.
+		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-sxm", "--world", "1024"}, "has 128 devices"},
+		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-sxm", "--world", "8", "--set", "parallelism.data_parallel_shard_degree=2"}, "make 2 ranks"},
+		// --float8 is the converter: the float8 keys apply to it.
+		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-sxm", "--world", "8", "--float8", "--set", "float8.recipe_name=rowwise"}, "float8.recipe_name"},
+		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-sxm", "--world", "8", "--float8", "--set", "float8.enable_fsdp_float8_all_gather=true"}, "enable_fsdp_float8_all_gather"},
+		// Async TP: needs compile, and a tensor-parallel layout.
+		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-sxm", "--world", "8", "--async-tp", "--set", "parallelism.tensor_parallel_degree=2"}, "needs compile"},
+		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-sxm", "--world", "8", "--async-tp", "--compile"}, "has none"},
+		{[]string{"plan", "--reference", "--cluster", "h100-sxm"}, "takes no"},
+		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-sxm", "--world", "8", "--search", "--top", "0"}, "--top 0"},
+		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-sxm", "--world", "8", "--set", "training.threads=1"}, "training.threads"},
+		{[]string{"plan", "--recipe", "../../recipes/llama3_debug.toml", "--cluster", "this", "--calibration", gpuCal}, "not a CPU host"},
+		{[]string{"plan", "--recipe", "../../recipes/llama3_debug.toml", "--cluster", "this", "--calibration", noPeak}, "host_peak_flops"},
 	} {
 		out, err := titan(t, c.args...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -108,5 +137,67 @@ func TestPlanCalibrateThisMachine(t *testing.T) {
 	out, err = titan(t, "plan", "--recipe", "../../recipes/llama3_debug.toml", "--cluster", "this", "--calibration", cal, "--world", "4", "--search", "--top", "3")
 	if err != nil || !strings.Contains(out, "why slower than #1") {
 		t.Errorf("--search: %v\n%s", err, out)
+	}
+}
+
+// TestPlanJSON checks the --json forms of --reference (every row with its
+// step breakdown, null where a row publishes no memory) and of --search
+// (the recipe's own layout, its rank and why it loses).
+func TestPlanJSON(t *testing.T) {
+	out, err := titan(t, "plan", "--reference", "--json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var ref struct {
+		Rows []struct {
+			Row          string   `json:"row"`
+			PublishedGiB *float64 `json:"published_memory_gib"`
+			MemoryError  *float64 `json:"memory_error"`
+			Prediction   struct {
+				Step []struct {
+					Seconds float64 `json:"seconds"`
+				} `json:"step_seconds"`
+				StepTotal float64 `json:"step_total_seconds"`
+			} `json:"prediction"`
+		} `json:"rows"`
+	}
+	if err := json.Unmarshal([]byte(out), &ref); err != nil || len(ref.Rows) == 0 {
+		t.Fatalf("--reference --json: %v\n%.500s", err, out)
+	}
+	var without int
+	for _, r := range ref.Rows {
+		sum := 0.0
+		for _, p := range r.Prediction.Step {
+			sum += p.Seconds
+		}
+		if !(r.Prediction.StepTotal > 0) || math.Abs(sum/r.Prediction.StepTotal-1) > 1e-9 {
+			t.Errorf("%s: step parts sum to %g s, step %g s", r.Row, sum, r.Prediction.StepTotal)
+		}
+		if (r.PublishedGiB == nil) != (r.MemoryError == nil) {
+			t.Errorf("%s: published memory %v with error %v", r.Row, r.PublishedGiB, r.MemoryError)
+		}
+		if r.PublishedGiB == nil {
+			without++
+		}
+	}
+	if without == 0 {
+		t.Errorf("no row without published memory reads null")
+	}
+	out, err = titan(t, "plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-sxm", "--world", "8", "--search", "--top", "2", "--json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var s struct {
+		Given *struct {
+			Rank       int `json:"rank"`
+			Prediction struct {
+				Why string `json:"why_slower"`
+			} `json:"prediction"`
+		} `json:"given"`
+	}
+	// The recipe's 8B FSDP8 needs 82.4 GiB of an 80 GiB H100: it does
+	// not fit, and says so.
+	if err := json.Unmarshal([]byte(out), &s); err != nil || s.Given == nil || s.Given.Rank != 0 || !strings.Contains(s.Given.Prediction.Why, "needs") {
+		t.Errorf("--search --json given: %+v (%v)\n%.800s", s.Given, err, out)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 
 	"github.com/titan-go/titan/internal/cluster"
@@ -114,6 +115,25 @@ type Collective struct {
 	Transport string  `json:"transport"`
 	Latency   float64 `json:"latency_s"`
 	Bandwidth float64 `json:"bandwidth_bytes_per_s"`
+}
+
+// ValidateHost checks what a CPU host's calibration must hold beyond
+// Validate: a measured host peak and the collectives the step model
+// times communication with (without them it would fall back to the
+// cluster file's nominal links unannounced).
+func (c Calibration) ValidateHost() error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	if !(c.HostPeak > 0) {
+		return fmt.Errorf("plan: calibration has no host_peak_flops (the peak its efficiencies are fractions of): run titan plan --calibrate again")
+	}
+	for _, op := range []string{"allreduce", "all_gather", "reduce_scatter"} {
+		if !slices.ContainsFunc(c.Collectives, func(k Collective) bool { return k.Op == op }) {
+			return fmt.Errorf("plan: calibration has no measured %s (collectives): run titan plan --calibrate again", op)
+		}
+	}
+	return nil
 }
 
 // Validate checks that every figure is usable.

@@ -120,6 +120,9 @@ func FromRecipe(job *config.Job, world int) (Job, error) {
 	if job.Model.Name != "" && job.Model.Name != "llama3" {
 		return Job{}, fmt.Errorf("plan: model.name %q: only llama3 is modelled", job.Model.Name)
 	}
+	if t := job.Training.Threads; t != 0 {
+		return Job{}, fmt.Errorf("plan: training.threads = %d is not modelled: a host's ranks are predicted with equal shares of all its cores (training.threads = 0)", t)
+	}
 	mp, err := memplan.FromJob(job, world)
 	if err != nil {
 		return Job{}, err

@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -969,6 +970,33 @@ func TestSearchHeadroom(t *testing.T) {
 		if _, err := Search(j, host, cal, SearchOptions{World: 2, Headroom: h}); err == nil || !strings.Contains(err.Error(), "--headroom") {
 			t.Errorf("headroom %g: error %v, want one naming --headroom", h, err)
 		}
+	}
+}
+
+// TestWhySlowerAddsUp: a layout's reason for losing states its tokens/s
+// against the best's and the extra time a token takes, and the parts it
+// names, shares of the best's time a token, add up to that extra time
+// (the 405B published Interleaved 1F1B layout against the search's best
+// 2D one, whose whole difference is the bubble and the exposed TP).
+func TestWhySlowerAddsUp(t *testing.T) {
+	row := referencePredictions(t)
+	given, best := row["405B PP8 FSDP8 TP8 Interleaved1F1B"], row["405B FSDP16 TP8 +float8 +asyncTP"]
+	if !(given.TokensPerDevice < best.TokensPerDevice) {
+		t.Fatalf("%s %.1f tokens/s, %s %.1f", given.Job.Layout, given.TokensPerDevice, best.Job.Layout, best.TokensPerDevice)
+	}
+	why := WhySlower(given, best)
+	lost, extra := 1-given.TokensPerDevice/best.TokensPerDevice, best.TokensPerDevice/given.TokensPerDevice-1
+	head := fmt.Sprintf("%.1f%% fewer tokens/s, +%.1f%% time a token: ", 100*lost, 100*extra)
+	if !strings.HasPrefix(why, head) {
+		t.Fatalf("why %q, want it to start %q", why, head)
+	}
+	sum := 0.0
+	gp, bp := given.Step.parts(), best.Step.parts()
+	for i := range gp {
+		sum += gp[i].Seconds/(given.TokensPerDevice*given.Step.Step) - bp[i].Seconds/(best.TokensPerDevice*best.Step.Step)
+	}
+	if got := sum * best.TokensPerDevice; math.Abs(got-extra) > 1e-9 {
+		t.Errorf("the parts add to %+.4f of the best's time a token, the total is %+.4f", got, extra)
 	}
 }
 

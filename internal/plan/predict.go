@@ -324,6 +324,8 @@ func checkOptions(l Layout, c cluster.Cluster, cal Calibration) error {
 		return fmt.Errorf("plan: training.mixed_precision_param \"float32\" is not modelled on GPU cluster %s: its runtime computes in bfloat16 (set training.mixed_precision_param = \"bfloat16\")", c.Name)
 	case !c.CPU() && l.ReduceBF16:
 		return fmt.Errorf("plan: training.mixed_precision_reduce \"bfloat16\" is not modelled on GPU cluster %s: its runtime reduces gradients in float32", c.Name)
+	case l.AsyncTP && !l.Compile:
+		return fmt.Errorf("plan: async TP (--async-tp) needs compile (--compile): it is inductor's micro-pipeline pass, and torchtitan refuses it without torch.compile")
 	case l.Float8 && (c.Device.PeakFP8 <= 0 || cal.MatmulFP8 <= 0):
 		return fmt.Errorf("plan: float8 on %s: the device has no float8 peak (peak_fp8_flops) or the calibration no matmul_fp8_efficiency", c.Name)
 	}

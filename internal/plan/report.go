@@ -57,6 +57,34 @@ type JSONPrediction struct {
 	Why             string      `json:"why_slower,omitempty"`
 }
 
+// JSONReferenceRow is a published row against its prediction, the form
+// of titan plan --reference --json: published memory and its error are
+// null where the row publishes none.
+type JSONReferenceRow struct {
+	Table        string         `json:"table"`
+	Row          string         `json:"row"`
+	Note         string         `json:"note,omitempty"`
+	PublishedTPS float64        `json:"published_tokens_per_sec_per_gpu"`
+	TPSError     float64        `json:"tokens_per_sec_error"`
+	PublishedGiB *float64       `json:"published_memory_gib"`
+	MemoryError  *float64       `json:"memory_error"`
+	Prediction   JSONPrediction `json:"prediction"`
+}
+
+// ReferenceJSON returns the rows in their --json form.
+func ReferenceJSON(rs []RowResult) []JSONReferenceRow {
+	var out []JSONReferenceRow
+	for _, r := range rs {
+		j := JSONReferenceRow{Table: r.Row.Table, Row: r.Row.Name, Note: r.Row.Note, PublishedTPS: r.Row.TPS, TPSError: r.TPSErr, Prediction: r.Prediction.JSON()}
+		if r.Row.HasMemory() {
+			gib, e := r.Row.MemGiB, r.MemErr
+			j.PublishedGiB, j.MemoryError = &gib, &e
+		}
+		out = append(out, j)
+	}
+	return out
+}
+
 // JSON returns the prediction's --json form.
 func (p Prediction) JSON() JSONPrediction {
 	l := p.Job.Layout
@@ -99,6 +127,10 @@ func WriteTable(w io.Writer, p Prediction, cal Calibration) {
 		v int64
 	}{{"parameters", m.Params}, {"gradients", m.Grads}, {"optimizer state", m.Optimizer}, {"FSDP unit buffers", m.FSDPBuffers}, {"activations", m.Activations}, {"communication buffers", m.Comm}, {"memplan total", m.Total()}} {
 		fmt.Fprintf(w, "  %-36s %12s\n", x.n, bytesize.Human(x.v))
+		if e := l.Eval; x.n == "activations" && (e.Rows > 0 || e.SeqLen > 0) && (e.Rows != l.LocalBatch || e.SeqLen != l.SeqLen) {
+			fmt.Fprintf(w, "    (with validation's own forward sets: its batch %d × %d is not the step's %d × %d; validation.enable = false, or the step's shape, drops them)\n",
+				e.Rows, e.SeqLen, l.LocalBatch, l.SeqLen)
+		}
 	}
 	for _, x := range []struct {
 		n string
@@ -109,8 +141,11 @@ func WriteTable(w io.Writer, p Prediction, cal Calibration) {
 		}
 	}
 	fits := "fits"
-	if !p.Fits() {
+	switch free := 1 - p.MemoryBytes/p.Capacity; {
+	case !p.Fits():
 		fits = "DOES NOT FIT"
+	case free < DefaultHeadroom:
+		fits = fmt.Sprintf("fits, %.1f%% free: less than the %.0f%% --search keeps against the memory prediction's error", 100*free, 100*DefaultHeadroom)
 	}
 	fmt.Fprintf(w, "  %-36s %12s  of %s: %s\n", fmt.Sprintf("device (×%.3g + %s)", cal.MemoryFactor, bytesize.Human(int64(cal.MemoryBase))), bytesize.Human(int64(p.MemoryBytes)), bytesize.Human(int64(p.Capacity)), fits)
 	if len(p.RankMemoryBytes) > 1 {
@@ -118,7 +153,7 @@ func WriteTable(w io.Writer, p Prediction, cal Calibration) {
 		for i, b := range p.RankMemoryBytes {
 			ranks[i] = bytesize.Human(int64(b))
 		}
-		fmt.Fprintf(w, "  %-36s %s\n", "device, pipeline rank 0, 1, …", strings.Join(ranks, ", "))
+		fmt.Fprintf(w, "  %-36s %s\n", fmt.Sprintf("device, pipeline ranks 0-%d", len(ranks)-1), strings.Join(ranks, ", "))
 	}
 	fmt.Fprintf(w, "step time (busiest rank)\n")
 	for _, x := range p.Step.parts() {
@@ -132,7 +167,7 @@ func WriteTable(w io.Writer, p Prediction, cal Calibration) {
 		fmt.Fprintf(w, "data-parallel communication before overlap: FSDP %s, all-reduce %s\n", seconds(p.Step.FSDPTotal), seconds(p.Step.DPTotal))
 	}
 	if l.Degrees.PP > 1 {
-		fmt.Fprintf(w, "pipeline: %s over %d microbatches of %d, simulated bubble %.1f%%\n", l.Schedule, p.Microbatches, l.MicrobatchRows, 100*p.BubbleFraction)
+		fmt.Fprintf(w, "pipeline: %s over %d microbatches of %d, simulated bubble %.1f%% of the schedule's makespan\n", l.Schedule, p.Microbatches, l.MicrobatchRows, 100*p.BubbleFraction)
 	}
 	fmt.Fprintf(w, "tokens/s per device %.4g, MFU %.1f%%\n", p.TokensPerDevice, 100*p.MFU)
 }
@@ -158,8 +193,11 @@ func WriteSearch(w io.Writer, r SearchResult, cal Calibration) {
 		if r.GivenRank > 0 {
 			rank = fmt.Sprintf("#%d", r.GivenRank)
 		}
-		fmt.Fprintf(tw, "given\t%s\t%.4g\t%.1f%%\t%s\t%s\t%.1f%%\t%s: %s\n", g.Job.Layout, g.TokensPerDevice, 100*g.MFU,
-			bytesize.Human(int64(g.MemoryBytes)), seconds(g.Step.Step), 100*g.BubbleFraction, rank, r.Given.Why)
+		if r.Given.Why != "" {
+			rank += ": " + r.Given.Why
+		}
+		fmt.Fprintf(tw, "given\t%s\t%.4g\t%.1f%%\t%s\t%s\t%.1f%%\t%s\n", g.Job.Layout, g.TokensPerDevice, 100*g.MFU,
+			bytesize.Human(int64(g.MemoryBytes)), seconds(g.Step.Step), 100*g.BubbleFraction, rank)
 	}
 	tw.Flush()
 }

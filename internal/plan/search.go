@@ -39,6 +39,9 @@ type SearchResult struct {
 	// predicted).
 	Given     Candidate
 	GivenRank int
+	// Headroom is the fraction of each device's memory a layout had to
+	// leave free to count as fitting.
+	Headroom float64
 }
 
 // SearchOptions bound a search.
@@ -91,7 +94,7 @@ func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (Sear
 	bd := base.Layout.Degrees
 	accum := base.Layout.accum() // every layout accumulates as the recipe does
 	global := accum * base.Layout.LocalBatch * bd.DPReplicate * bd.DPShard
-	res := SearchResult{GlobalBatch: global}
+	res := SearchResult{GlobalBatch: global, Headroom: o.Headroom}
 	cfg := base.Model
 	var fits []Prediction
 	for _, tp := range powers(min(maxTP, c.DevicesPerNode, world)) {
@@ -139,7 +142,10 @@ func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (Sear
 		if g.TokensPerDevice < fits[0].TokensPerDevice {
 			res.Given.Why = WhySlower(g, fits[0])
 		}
-		if g.fitsWithin(o.Headroom) {
+		if !g.fitsWithin(o.Headroom) {
+			res.Given.Why = strings.TrimSuffix(fmt.Sprintf("needs %s, more than %.0f%% of the device's %s; %s", bytesize.Human(int64(g.MemoryBytes)),
+				100*(1-o.Headroom), bytesize.Human(int64(g.Capacity)), res.Given.Why), "; ")
+		} else {
 			res.GivenRank = 1
 			for _, p := range fits {
 				if p.TokensPerDevice > g.TokensPerDevice {
@@ -186,9 +192,10 @@ func pipelines(base Layout, d memplan.Degrees, lbs int) []Layout {
 	return out
 }
 
-// WhySlower explains why p is slower than best: the two parts of the
-// step that cost it most per token, as shares of best's time per token,
-// and its memory when that forced more recomputation.
+// WhySlower explains why p is slower than best: its tokens/s against
+// best's, the time a token takes beyond best's, and the two parts of the
+// step that add most to it (and the one that saves most), each as a
+// share of best's time a token, so that the parts add up to the total.
 func WhySlower(p, best Prediction) string {
 	perTok := func(x Prediction, s float64) float64 {
 		return s / (x.TokensPerDevice * x.Step.Step)
@@ -214,7 +221,7 @@ func WhySlower(p, best Prediction) string {
 	if last := ds[len(ds)-1]; last.d < -0.005*bt {
 		why = append(why, fmt.Sprintf("(saves %s %.0f%%)", last.name, -100*last.d/bt))
 	}
-	s := fmt.Sprintf("%.1f%% slower: ", 100*(1-p.TokensPerDevice/best.TokensPerDevice))
+	s := fmt.Sprintf("%.1f%% fewer tokens/s, +%.1f%% time a token: ", 100*(1-p.TokensPerDevice/best.TokensPerDevice), 100*(best.TokensPerDevice/p.TokensPerDevice-1))
 	if len(why) == 0 {
 		return s + "within rounding of the best"
 	}
