@@ -38,6 +38,13 @@ func TestPlanReferenceRecipe(t *testing.T) {
 	if err != nil || !strings.Contains(out, "8B FSDP8 (calibration)") || !strings.Contains(out, "405B PP8 FSDP8 TP8 Interleaved1F1B") {
 		t.Errorf("--reference: %v\n%s", err, out)
 	}
+	// Each row with the settings its table states, and each distinct
+	// footnote once, numbered.
+	for _, want := range []string{"| 8B FSDP1 CP8 256K | lbs1 ac:full +compile +float8, seq 256K |", "\n¹ 8 microbatches of 4 rows", "\n² compile assumed on"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("--reference: no %q in\n%s", want, out)
+		}
+	}
 	if data, err := os.ReadFile(png); err != nil || !strings.HasPrefix(string(data), "\x89PNG\r\n") {
 		t.Errorf("--reference --plot: no PNG written (%v)", err)
 	}

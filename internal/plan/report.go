@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -202,32 +204,59 @@ func WriteSearch(w io.Writer, r SearchResult, cal Calibration) {
 	tw.Flush()
 }
 
-// WriteReference writes the published rows against their predictions.
+// WriteReference writes the published rows against their predictions,
+// each with the settings its table states (batch, sequence,
+// checkpointing, compile, float8, async TP, the pipeline's schedule and
+// microbatch) and a numbered footnote where titan's layout differs from
+// torchtitan's or the source is silent.
 func WriteReference(w io.Writer, rs []RowResult, cal Calibration) {
 	fmt.Fprintf(w, "calibration: %s\n  matmul %.3f, float8 matmul %.3f, attention %.3f, elementwise %.2f, comm %.2f, memory ×%.3f\n\n",
 		cal.Source, cal.Matmul, cal.MatmulFP8, cal.Attention, cal.Elementwise, cal.Comm, cal.MemoryFactor)
-	fmt.Fprintf(w, "| table | row | published tok/s/GPU | predicted | error | published GiB | predicted | error |\n|---|---|--:|--:|--:|--:|--:|--:|\n")
+	fmt.Fprintf(w, "| table | row | settings | published tok/s/GPU | predicted | error | published GiB | predicted | error |\n|---|---|---|--:|--:|--:|--:|--:|--:|\n")
+	var notes []string // distinct footnotes, numbered in order
 	for _, r := range rs {
 		note := ""
-		if r.Row.Note != "" {
-			note = " ¹"
-			if r.Row.Note == "calibration row" {
-				note = " (calibration)"
+		switch n := r.Row.Note; {
+		case n == "calibration row":
+			note = " (calibration)"
+		case n != "":
+			i := slices.Index(notes, n)
+			if i < 0 {
+				notes, i = append(notes, n), len(notes)
 			}
+			note = " " + superscript(i+1)
 		}
 		mem := fmt.Sprintf("— | %.1f | —", r.Prediction.MemoryBytes/(1<<30))
 		if r.Row.HasMemory() {
 			mem = fmt.Sprintf("%.1f | %.1f | %+.1f%%", r.Row.MemGiB, r.Prediction.MemoryBytes/(1<<30), 100*r.MemErr)
 		}
-		fmt.Fprintf(w, "| %s | %s%s | %.0f | %.0f | %+.1f%% | %s |\n", r.Row.Table, r.Row.Name, note,
+		fmt.Fprintf(w, "| %s | %s%s | %s | %.0f | %.0f | %+.1f%% | %s |\n", r.Row.Table, r.Row.Name, note, settings(r.Row.Job.Layout),
 			r.Row.TPS, r.Prediction.TokensPerDevice, 100*r.TPSErr, mem)
 	}
-	for _, r := range rs {
-		if r.Row.Note != "" && r.Row.Note != "calibration row" {
-			fmt.Fprintf(w, "\n¹ %s: %s.", r.Row.Name, r.Row.Note)
-		}
+	for i, n := range notes {
+		fmt.Fprintf(w, "\n%s %s.", superscript(i+1), n)
 	}
 	fmt.Fprintln(w)
+}
+
+// settings is a layout without its degrees: the pipeline's schedule and
+// microbatch, batch, sequence, checkpointing and kernel options.
+func settings(l Layout) string {
+	s := l.String()
+	if l.World() > 1 {
+		_, s, _ = strings.Cut(s, " ")
+	}
+	return fmt.Sprintf("%s, seq %dK", s, l.SeqLen/1024)
+}
+
+// superscript writes n in superscript digits (footnote marks).
+func superscript(n int) string {
+	const digits = "⁰¹²³⁴⁵⁶⁷⁸⁹"
+	var b strings.Builder
+	for _, d := range strconv.Itoa(n) {
+		b.WriteString(string([]rune(digits)[d-'0']))
+	}
+	return b.String()
 }
 
 // WriteCaveats writes a prediction's caveats (see Caveats), if any.
