@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -325,7 +326,7 @@ func checkOptions(l Layout, c cluster.Cluster, cal Calibration) error {
 	case !c.CPU() && l.ReduceBF16:
 		return fmt.Errorf("plan: training.mixed_precision_reduce \"bfloat16\" is not modelled on GPU cluster %s: its runtime reduces gradients in float32", c.Name)
 	case l.AsyncTP && !l.Compile:
-		return fmt.Errorf("plan: async TP (--async-tp) needs compile (--compile): it is inductor's micro-pipeline pass, and torchtitan refuses it without torch.compile")
+		return errors.New("plan: async TP (--async-tp) needs compile (--compile): it is inductor's micro-pipeline pass, and torchtitan refuses it without torch.compile")
 	case l.Float8 && (c.Device.PeakFP8 <= 0 || cal.MatmulFP8 <= 0):
 		return fmt.Errorf("plan: float8 on %s: the device has no float8 peak (peak_fp8_flops) or the calibration no matmul_fp8_efficiency", c.Name)
 	}
