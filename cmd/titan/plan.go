@@ -108,11 +108,8 @@ each device's memory free.`,
 			if err != nil {
 				return err
 			}
-			if asked > 0 && j.Layout.World() != asked {
-				return fmt.Errorf("plan: --world %d, but the recipe's degrees (%s) make %d ranks: set parallelism.data_parallel_shard_degree = -1 to fill --world, or give --world %d", asked, j.Layout.Degrees, j.Layout.World(), j.Layout.World())
-			}
-			if world == 0 {
-				world = j.Layout.World()
+			if world = j.Layout.World(); asked > 0 && world != asked {
+				return fmt.Errorf("plan: --world %d, but the recipe's degrees (%s) make %d ranks: set parallelism.data_parallel_shard_degree = -1 to fill --world, or give --world %d", asked, j.Layout.Degrees, world, world)
 			}
 			j.Layout.Compile = compile
 			j.Layout.AsyncTP = j.Layout.AsyncTP || asyncTP

@@ -89,10 +89,18 @@ func (l Layout) String() string {
 	if s == "" {
 		s = "1 rank"
 	}
-	if d.PP > 1 {
-		s += fmt.Sprintf(" %s mb%d", l.Schedule, l.MicrobatchRows)
+	return s + " " + l.options()
+}
+
+// options writes the layout without its degrees: the pipeline's
+// schedule and microbatch, the local batch, accumulation, activation
+// checkpointing and the kernel options.
+func (l Layout) options() string {
+	var s string
+	if l.Degrees.PP > 1 {
+		s = fmt.Sprintf("%s mb%d ", l.Schedule, l.MicrobatchRows)
 	}
-	s += fmt.Sprintf(" lbs%d", l.LocalBatch)
+	s += fmt.Sprintf("lbs%d", l.LocalBatch)
 	if l.accum() > 1 {
 		s += fmt.Sprintf(" accum%d", l.accum())
 	}

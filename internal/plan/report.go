@@ -143,11 +143,11 @@ func WriteTable(w io.Writer, p Prediction, cal Calibration) {
 		}
 	}
 	fits := "fits"
-	switch free := 1 - p.MemoryBytes/p.Capacity; {
+	switch {
 	case !p.Fits():
 		fits = "DOES NOT FIT"
-	case free < DefaultHeadroom:
-		fits = fmt.Sprintf("fits, %.1f%% free: less than the %.0f%% --search keeps against the memory prediction's error", 100*free, 100*DefaultHeadroom)
+	case !p.fitsWithin(DefaultHeadroom):
+		fits = fmt.Sprintf("fits, %.1f%% free: less than the %.0f%% --search keeps against the memory prediction's error", 100*(1-p.MemoryBytes/p.Capacity), 100*DefaultHeadroom)
 	}
 	fmt.Fprintf(w, "  %-36s %12s  of %s: %s\n", fmt.Sprintf("device (×%.3g + %s)", cal.MemoryFactor, bytesize.Human(int64(cal.MemoryBase))), bytesize.Human(int64(p.MemoryBytes)), bytesize.Human(int64(p.Capacity)), fits)
 	if len(p.RankMemoryBytes) > 1 {
@@ -239,22 +239,19 @@ func WriteReference(w io.Writer, rs []RowResult, cal Calibration) {
 	fmt.Fprintln(w)
 }
 
-// settings is a layout without its degrees: the pipeline's schedule and
-// microbatch, batch, sequence, checkpointing and kernel options.
+// settings is a layout without its degrees, with its sequence length.
 func settings(l Layout) string {
-	s := l.String()
-	if l.World() > 1 {
-		_, s, _ = strings.Cut(s, " ")
-	}
-	return fmt.Sprintf("%s, seq %dK", s, l.SeqLen/1024)
+	return fmt.Sprintf("%s, seq %dK", l.options(), l.SeqLen/1024)
 }
+
+// superscripts are the footnote marks' digits.
+var superscripts = [10]string{"⁰", "¹", "²", "³", "⁴", "⁵", "⁶", "⁷", "⁸", "⁹"}
 
 // superscript writes n in superscript digits (footnote marks).
 func superscript(n int) string {
-	const digits = "⁰¹²³⁴⁵⁶⁷⁸⁹"
 	var b strings.Builder
 	for _, d := range strconv.Itoa(n) {
-		b.WriteString(string([]rune(digits)[d-'0']))
+		b.WriteString(superscripts[d-'0'])
 	}
 	return b.String()
 }

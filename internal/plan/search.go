@@ -138,14 +138,16 @@ func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (Sear
 	}
 	sort.SliceStable(fits, func(i, j int) bool { return fits[i].TokensPerDevice > fits[j].TokensPerDevice })
 	if g, err := Predict(base, c, cal); err == nil {
-		res.Given = Candidate{Prediction: g}
-		if g.TokensPerDevice < fits[0].TokensPerDevice {
-			res.Given.Why = WhySlower(g, fits[0])
-		}
+		var why []string
 		if !g.fitsWithin(o.Headroom) {
-			res.Given.Why = strings.TrimSuffix(fmt.Sprintf("needs %s, more than %.0f%% of the device's %s; %s", bytesize.Human(int64(g.MemoryBytes)),
-				100*(1-o.Headroom), bytesize.Human(int64(g.Capacity)), res.Given.Why), "; ")
-		} else {
+			why = append(why, fmt.Sprintf("needs %s, more than %.0f%% of the device's %s", bytesize.Human(int64(g.MemoryBytes)),
+				100*(1-o.Headroom), bytesize.Human(int64(g.Capacity))))
+		}
+		if g.TokensPerDevice < fits[0].TokensPerDevice {
+			why = append(why, WhySlower(g, fits[0]))
+		}
+		res.Given = Candidate{Prediction: g, Why: strings.Join(why, "; ")}
+		if g.fitsWithin(o.Headroom) {
 			res.GivenRank = 1
 			for _, p := range fits {
 				if p.TokensPerDevice > g.TokensPerDevice {
