@@ -1,22 +1,18 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
+	"slices"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/titan-go/titan/internal/atomicfile"
 	"github.com/titan-go/titan/internal/cluster"
 	"github.com/titan-go/titan/internal/plan"
 )
-
-// thisMachine is the --cluster name of the host titan runs on: the CPU
-// description its calibration was made with.
-const thisMachine = "this"
 
 func newPlanCmd() *cobra.Command {
 	var rf recipeFlags
@@ -46,45 +42,40 @@ on 8 H100 with FSDP); --reference predicts every other published row.
 --search enumerates dp_replicate, dp_shard, tp, pp with each schedule and
 microbatch size, cp and activation checkpointing, keeping the recipe's global
 batch, and ranks by predicted tokens/s the layouts that fit with --headroom of
-each device's memory free.`,
+each device's memory free.
+
+A recipe whose own layout does not fit the device is predicted all the
+same, and the command then fails (exit status 1) saying how much it
+needs; --search instead proposes layouts that fit.`,
 		Example: `  titan plan --calibrate
   titan plan --recipe recipes/llama3_debug.toml --cluster this --world 2 --set parallelism.tensor_parallel_degree=2
-  titan plan --recipe recipes/llama3_8b.toml --cluster h100-sxm --world 8
+  titan plan --recipe recipes/llama3_8b.toml --cluster h100-sxm --world 16
   titan plan --recipe recipes/llama3_70b.toml --cluster h100-grandteton --world 256 --compile --float8 --search
   titan plan --reference
   titan plan --reference --plot bench/plan/published.png`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			out := cmd.OutOrStdout()
-			if calibrate {
-				return runCalibrate(cmd, clusterRef, calPath, calNProcs)
-			}
-			if plotPath != "" && !reference {
-				return errors.New("plan: --plot draws the published rows and goes with --reference")
-			}
-			if reference {
-				if rf.recipe != "" || len(rf.sets) > 0 || clusterRef != "" || search || world != 0 {
-					return errors.New("plan: --reference predicts torchtitan's published rows on their own cluster (" + plan.ReferenceCluster + "); it takes no --recipe, --set, --cluster, --world or --search")
-				}
-				rs, cal, err := plan.CompareReference()
-				if err != nil {
+			// Each mode takes its own flags: any other would be ignored.
+			switch {
+			case calibrate:
+				if err := onlyFlags(cmd, "calibrate", "--calibrate measures this machine and", "cluster", "calibration", "calibrate-nproc"); err != nil {
 					return err
 				}
-				if plotPath != "" {
-					if err := atomicfile.Write(plotPath, func(w io.Writer) error { return plan.WriteReferencePlot(w, rs) }); err != nil {
-						return fmt.Errorf("plan: --plot: %w", err)
-					}
+				return runCalibrate(cmd, clusterRef, calPath, calNProcs)
+			case reference:
+				if err := onlyFlags(cmd, "reference", "--reference predicts torchtitan's published rows on their own cluster ("+plan.ReferenceCluster+"), and", "json", "plot"); err != nil {
+					return err
 				}
-				if asJSON {
-					return plan.WriteJSON(out, map[string]any{"calibration": cal, "rows": plan.ReferenceJSON(rs)})
+				return runReference(out, plotPath, asJSON)
+			}
+			for name, mode := range map[string]string{"plot": "--reference", "calibrate-nproc": "--calibrate", "top": "--search",
+				"max-tp": "--search", "max-cp": "--search", "headroom": "--search"} {
+				if cmd.Flags().Changed(name) && !(mode == "--search" && search) {
+					return fmt.Errorf("plan: --%s goes with %s", name, mode)
 				}
-				plan.WriteReference(out, rs, cal)
-				return nil
 			}
-			if err := checkSearchFlags(top, maxTP, maxCP); err != nil {
-				return err
-			}
-			c, cal, err := planCluster(clusterRef, calPath)
+			c, cal, err := plan.LoadCluster(clusterRef, calPath)
 			if err != nil {
 				return err
 			}
@@ -97,73 +88,10 @@ each device's memory free.`,
 			if err != nil {
 				return err
 			}
-			if world > c.World() {
-				return fmt.Errorf("plan: --world %d: cluster %s has %d devices (%d per node × %d)", world, c.Name, c.World(), c.DevicesPerNode, c.Nodes)
-			}
-			asked := world
-			if world == 0 {
-				world = recipeWorld(job.Parallelism.DataParallelShardDegree, c)
-			}
-			j, err := plan.FromRecipe(job, world)
-			if err != nil {
-				return err
-			}
-			if world = j.Layout.World(); asked > 0 && world != asked {
-				return fmt.Errorf("plan: --world %d, but the recipe's degrees (%s) make %d ranks: set parallelism.data_parallel_shard_degree = -1 to fill --world, or give --world %d", asked, j.Layout.Degrees, world, world)
-			}
-			j.Layout.Compile = compile
-			j.Layout.AsyncTP = j.Layout.AsyncTP || asyncTP
-			if j.Layout.AsyncTP && !search && j.Layout.Degrees.TP < 2 {
-				return fmt.Errorf("plan: --async-tp overlaps tensor-parallel collectives, and the layout (%s) has none: set parallelism.tensor_parallel_degree", j.Layout.Degrees)
-			}
-			if search {
-				r, err := plan.Search(j, c, cal, plan.SearchOptions{World: world, Top: top, MaxTP: maxTP, MaxCP: maxCP, Headroom: headroom})
-				if err != nil {
-					return err
-				}
-				var top []plan.Prediction
-				for _, t := range r.Top {
-					top = append(top, t.Prediction)
-				}
-				caveats, err := plan.Caveats(top...)
-				if err != nil {
-					return err
-				}
-				if asJSON {
-					var rows []plan.JSONPrediction
-					for _, t := range r.Top {
-						p := t.Prediction.JSON()
-						p.Why = t.Why
-						rows = append(rows, p)
-					}
-					doc := map[string]any{"tried": r.Tried, "fit": r.Fit, "global_batch": r.GlobalBatch, "headroom": r.Headroom, "calibration": cal, "top": rows, "caveats": caveats}
-					if r.Given.Prediction.Step.Step > 0 {
-						// The recipe's own layout: its rank among those that fit (0:
-						// it does not fit) and why it loses to the best.
-						g := r.Given.Prediction.JSON()
-						g.Why = r.Given.Why
-						doc["given"] = map[string]any{"rank": r.GivenRank, "prediction": g}
-					}
-					return plan.WriteJSON(out, doc)
-				}
-				plan.WriteSearch(out, r, cal)
-				plan.WriteCaveats(out, caveats)
-				return nil
-			}
-			p, err := plan.Predict(j, c, cal)
-			if err != nil {
-				return err
-			}
-			caveats, err := plan.Caveats(p)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return plan.WriteJSON(out, map[string]any{"prediction": p.JSON(), "calibration": cal, "caveats": caveats})
-			}
-			plan.WriteTable(out, p, cal)
-			plan.WriteCaveats(out, caveats)
-			return nil
+			return plan.Answer(out, job, c, cal, plan.Query{
+				World: world, Compile: compile, AsyncTP: asyncTP, JSON: asJSON, Search: search,
+				Options: plan.SearchOptions{Top: top, MaxTP: maxTP, MaxCP: maxCP, Headroom: headroom},
+			})
 		},
 	}
 	rf.register(cmd)
@@ -187,81 +115,29 @@ each device's memory free.`,
 	return cmd
 }
 
-// checkSearchFlags refuses --search bounds that cannot mean anything.
-func checkSearchFlags(top, maxTP, maxCP int) error {
-	switch {
-	case top < 1:
-		return fmt.Errorf("plan: --top %d: show at least one layout", top)
-	case maxTP < 0 || maxCP < 0:
-		return fmt.Errorf("plan: --max-tp %d, --max-cp %d: want a degree, or 0 for the default", maxTP, maxCP)
-	}
-	return nil
-}
-
-// recipeWorld is the ranks of a recipe whose degrees leave none open,
-// else the cluster's.
-func recipeWorld(shard int, c cluster.Cluster) int {
-	if shard == -1 {
-		return c.World()
-	}
-	return 0 // FromRecipe then takes the product of the degrees
-}
-
-// planCluster loads the cluster and its calibration: the calibration
-// file for this machine (or a CPU cluster), the published reference row
-// for GPUs.
-func planCluster(ref, calPath string) (cluster.Cluster, plan.Calibration, error) {
-	if ref == "" {
-		return cluster.Cluster{}, plan.Calibration{}, fmt.Errorf("--cluster: give one of %v, \"this\" or a .toml path", cluster.Names())
-	}
-	if ref == thisMachine || func() bool { c, err := cluster.Load(ref); return err == nil && c.CPU() }() {
-		path, err := calibrationPath(calPath)
-		if err != nil {
-			return cluster.Cluster{}, plan.Calibration{}, err
-		}
-		cal, err := plan.LoadCalibration(path)
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return cluster.Cluster{}, plan.Calibration{}, fmt.Errorf("%w: run `titan plan --calibrate` first", err)
-			}
-			return cluster.Cluster{}, plan.Calibration{}, err
-		}
-		if ref == thisMachine {
-			ref = cal.Cluster
-		}
-		c, err := cluster.Load(ref)
-		if err != nil {
-			return cluster.Cluster{}, plan.Calibration{}, err
-		}
-		if !c.CPU() {
-			return cluster.Cluster{}, plan.Calibration{}, fmt.Errorf("plan: the calibration %s names cluster %q, which is not a CPU host: run `titan plan --calibrate` again", path, c.Name)
-		}
-		if err := cal.ValidateHost(); err != nil {
-			return cluster.Cluster{}, plan.Calibration{}, fmt.Errorf("%s: %w", path, err)
-		}
-		if cal.Cluster != c.Name {
-			return cluster.Cluster{}, plan.Calibration{}, fmt.Errorf("plan: the calibration %s was made on cluster %q, not %q", path, cal.Cluster, c.Name)
-		}
-		return cal.OnHost(c), cal, nil
-	}
-	c, err := cluster.Load(ref)
+// runReference predicts torchtitan's published rows and writes them
+// against their published figures, as a table or JSON, and as a plot
+// into plotPath when it is set.
+func runReference(out io.Writer, plotPath string, asJSON bool) error {
+	rs, cal, err := plan.CompareReference()
 	if err != nil {
-		return cluster.Cluster{}, plan.Calibration{}, err
+		return err
 	}
-	cal, err := plan.CalibrateGPU(c)
-	return c, cal, err
-}
-
-func calibrationPath(p string) (string, error) {
-	if p != "" {
-		return p, nil
+	if plotPath != "" {
+		if err := atomicfile.Write(plotPath, func(w io.Writer) error { return plan.WriteReferencePlot(w, rs) }); err != nil {
+			return fmt.Errorf("plan: --plot: %w", err)
+		}
 	}
-	return plan.DefaultCalibrationPath()
+	if asJSON {
+		return plan.WriteJSON(out, map[string]any{"calibration": cal, "rows": plan.ReferenceJSON(rs)})
+	}
+	plan.WriteReference(out, rs, cal)
+	return nil
 }
 
 // runCalibrate measures this machine and writes its calibration.
 func runCalibrate(cmd *cobra.Command, ref, calPath string, nprocs []int) error {
-	if ref == "" || ref == thisMachine {
+	if ref == "" || ref == plan.ThisMachine {
 		ref = "cpu-2core"
 	}
 	c, err := cluster.Load(ref)
@@ -276,13 +152,27 @@ func runCalibrate(cmd *cobra.Command, ref, calPath string, nprocs []int) error {
 	if err != nil {
 		return err
 	}
-	path, err := calibrationPath(calPath)
-	if err != nil {
-		return err
+	path := calPath
+	if path == "" {
+		if path, err = plan.DefaultCalibrationPath(); err != nil {
+			return err
+		}
 	}
 	if err := cal.Save(path); err != nil {
 		return err
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "calibration of %s written to %s\n", c.Name, path)
 	return nil
+}
+
+// onlyFlags refuses every flag given to cmd but the mode's own: its flag
+// (self) and those it takes (allowed); what says what the mode does.
+func onlyFlags(cmd *cobra.Command, self, what string, allowed ...string) error {
+	var err error
+	cmd.Flags().Visit(func(f *pflag.Flag) {
+		if err == nil && f.Name != self && !slices.Contains(allowed, f.Name) {
+			err = fmt.Errorf("plan: %s takes no --%s", what, f.Name)
+		}
+	})
+	return err
 }

@@ -99,10 +99,24 @@ func TestPlanErrors(t *testing.T) {
 		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-sxm", "--world", "8", "--set", "training.threads=1"}, "training.threads"},
 		{[]string{"plan", "--recipe", "../../recipes/llama3_debug.toml", "--cluster", "this", "--calibration", gpuCal}, "not a CPU host"},
 		{[]string{"plan", "--recipe", "../../recipes/llama3_debug.toml", "--cluster", "this", "--calibration", noPeak}, "host_peak_flops"},
+		// Flags of another mode, which would be ignored.
+		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-grandteton", "--world", "8", "--top", "3"}, "--top goes with --search"},
+		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-grandteton", "--world", "8", "--headroom", "0.2"}, "--headroom goes with --search"},
+		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-grandteton", "--world", "8", "--calibrate-nproc", "2"}, "--calibrate-nproc goes with --calibrate"},
+		{[]string{"plan", "--calibrate", "--recipe", "../../recipes/llama3_8b.toml"}, "takes no --recipe"},
+		{[]string{"plan", "--reference", "--calibrate-nproc", "2"}, "takes no --calibrate-nproc"},
+		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-grandteton", "--world", "8", "--calibration", gpuCal}, "GPU cluster"},
+		// The recipe's layout needs more than the device has: the
+		// prediction is written, and the command fails.
+		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-sxm", "--world", "8"}, "does not fit on h100-sxm: it needs 82.4"},
+		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-sxm", "--world", "8", "--json"}, "does not fit"},
 	} {
 		out, err := titan(t, c.args...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: error %v, want %q\n%s", c.args, err, c.want, out)
+		}
+		if strings.Contains(c.want, "does not fit") && !strings.Contains(out, "82.4") {
+			t.Errorf("%v: the prediction was not written before the error:\n%s", c.args, out)
 		}
 	}
 }
