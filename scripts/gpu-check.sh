@@ -14,7 +14,11 @@
 #      few steps on GPU 0 in bfloat16: tokens/s and MFU;
 #   5. the PyTorch reference (bench/gpu/torch_llama.py): the same model and
 #      batch on the same GPU in eager mode with bfloat16 autocast;
-#   6. a summary with the titan/PyTorch ratio.
+#   6. a summary with the titan/PyTorch ratio;
+#   7. titan plan's GPU priors measured with PyTorch on this GPU
+#      (bench/plan/gpu_priors.py: attention and float8 rates against the
+#      bf16 matmul's, element-wise bandwidth), to check the ratios the
+#      planner assumes for the published H100 rows.
 #
 # Every step has its own time limit, and a failing step does not stop the
 # later ones. Results (logs, JSON, summary.txt) go to $OUT when it is set,
@@ -108,5 +112,18 @@ import json, sys
 t, p = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 print("titan / pytorch eager: tokens/s %.2fx; MFU titan %.1f%%, pytorch %.1f%% (targets: >= 1x, >= 34%%, goal 45%%)" % (
     t["tokens_per_sec"] / p["tokens_per_sec"], 100 * t["mfu"], 100 * p["mfu"]))' "$out/titan.json" "$out/torch.json" | tee -a "$summary"
+fi
+# 7. The planner's priors.
+if timeout 120 "$py" bench/plan/gpu_priors.py >"$out/plan-priors.json" 2>"$out/plan-priors.log"; then
+	"$py" -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+attn = ", ".join("%s %.2f" % (k, v) for k, v in r["attention_rel"].items())
+f = lambda x: "%.2f" % x if x else "not measured"
+print("titan plan priors on %s: attention/matmul %s (plan 0.60); float8 %s (plan 0.75); a TP8 rank'"'"'s products against the full width'"'"'s: bf16 %s, float8 %s (plan 1.00)" % (
+    r["device"], attn, f(r["fp8_rel"]), f(r["matmul_tp8_bf16_rel"]), f(r["matmul_tp8_fp8_rel"])))' "$out/plan-priors.json" | tee -a "$summary"
+else
+	note "plan priors: FAILED ($(elapsed)):"
+	tail -n 10 "$out/plan-priors.log" 2>/dev/null | tee -a "$summary"
 fi
 note "gpu-check done in $(elapsed)"

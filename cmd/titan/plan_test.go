@@ -108,7 +108,7 @@ func TestPlanErrors(t *testing.T) {
 		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-grandteton", "--world", "8", "--calibration", gpuCal}, "GPU cluster"},
 		// The recipe's layout needs more than the device has: the
 		// prediction is written, and the command fails.
-		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-sxm", "--world", "8"}, "does not fit on h100-sxm: it needs 82.4"},
+		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-sxm", "--world", "8"}, "does not fit on h100-sxm: it needs 82.40 GiB of the device's 80.00 GiB, 76.95 GiB of tensors"},
 		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-sxm", "--world", "8", "--json"}, "does not fit"},
 	} {
 		out, err := titan(t, c.args...)

@@ -43,8 +43,8 @@ type NotFitError struct {
 
 func (e NotFitError) Error() string {
 	p := e.Prediction
-	return fmt.Sprintf("plan: %s does not fit on %s: it needs %s of the device's %s (--search proposes layouts that do)",
-		p.Job.Layout, p.Cluster.Name, bytesize.Human(int64(p.MemoryBytes)), bytesize.Human(int64(p.Capacity)))
+	return fmt.Sprintf("plan: %s does not fit on %s: it needs %s of the device's %s, %s of tensors and the allocator's reserve as calibrated (--search proposes layouts that fit)",
+		p.Job.Layout, p.Cluster.Name, bytesize.Human(int64(p.MemoryBytes)), bytesize.Human(int64(p.Capacity)), bytesize.Human(int64(p.needed())))
 }
 
 // Answer answers q about recipe job on cluster c under calibration cal
