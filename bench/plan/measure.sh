@@ -10,7 +10,10 @@
 #   -s STEPS   training steps per run (default 16, logged every 4; the
 #              last two windows are averaged, the first is warm-up)
 #   -r ROUNDS  runs per layout (default 1); the median is reported
-# Prints a markdown table; raw numbers go to bench/plan/results.jsonl, and
+# Prints a markdown table, then per process count the layouts in predicted
+# and in measured order (the ranking --search would make, checked) with
+# the pairs the prediction inverts; raw numbers go to
+# bench/plan/results.jsonl, and
 # the run as a plot to bench/plan/this_machine.png (bench/plan/plotmeasured).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -111,6 +114,24 @@ for l in sys.argv[3:]:
            (x["measured_tps_per_proc"] / one[x["round"]]["measured_tps_per_proc"]) - 1 for x in rs if x["round"] in one]
     vs = f"{100*st.median(rel):+.1f}%" if rel and l != "one" else "—"
     print(f"| {l} | {r['nproc']} | {pt:.0f} | {mt:.0f} | {100*(pt/mt-1):+.1f}% | {vs} | {1024*pm:.0f} | {1024*mm:.0f} | {100*(pm/mm-1):+.1f}% |")
+# The order --search would rank them in: per process count, the layouts
+# by predicted tokens/s, with the measured order and the pairs the
+# prediction puts the wrong way round (and by how much they measured
+# apart).
+by = {}
+for l in dict.fromkeys(sys.argv[3:]):
+    rs = [r for r in rows if r["layout"] == l]
+    if rs:
+        by.setdefault(rs[-1]["nproc"], []).append((l, rs[-1]["predicted_tps_per_proc"], st.median(x["measured_tps_per_proc"] for x in rs)))
+for n, ls in sorted(by.items()):
+    if len(ls) < 2:
+        continue
+    pred = [l for l, _, _ in sorted(ls, key=lambda x: -x[1])]
+    meas = [l for l, _, _ in sorted(ls, key=lambda x: -x[2])]
+    wrong = [f"{a} over {b} (measured {100*(m[b]/m[a]-1):.1f}% apart)" for m in [{l: v for l, _, v in ls}]
+             for i, a in enumerate(pred) for b in pred[i+1:] if m[b] > m[a]]
+    print(f"\n{n} processes, predicted order: {' > '.join(pred)}; measured: {' > '.join(meas)}" +
+          (f"; inverted: {', '.join(wrong)}" if wrong else "; the same"))
 PY
 # The run as a plot: each layout's prediction error against its measured
 # median, numbered, in bench/plan/this_machine.png.
