@@ -1,6 +1,8 @@
 package plan
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -1194,5 +1196,60 @@ func TestCaveats(t *testing.T) {
 				t.Errorf("%s: caveat %q lacks %q", tc.name, got[0], w)
 			}
 		}
+	}
+}
+
+// TestAnswerWorld checks how Answer sizes the world and what it refuses:
+// a shard degree of -1 fills the cluster (or --world), explicit degrees
+// that make another number are refused, and a layout that does not fit
+// is written before its NotFitError.
+func TestAnswerWorld(t *testing.T) {
+	sxm, err := cluster.Load("h100-sxm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cal, err := CalibrateGPU(sxm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name  string
+		sets  []string
+		world int
+		// want is the prediction's layout, or a substring of the error.
+		want string
+		fits bool
+	}{
+		{"fills the cluster", []string{"training.local_batch_size=1"}, 0, "fsdp128 ", true},
+		{"fills --world", []string{"training.local_batch_size=1"}, 16, "fsdp16 ", true},
+		{"explicit degrees", []string{"parallelism.data_parallel_shard_degree=4"}, 8, "make 4 ranks", false},
+		{"world beyond the cluster", nil, 256, "has 128 devices", false},
+		{"negative world", nil, -2, "--world -2", false},
+		{"does not fit", nil, 8, "does not fit on h100-sxm", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			job, err := config.Load("../../recipes/llama3_8b.toml", c.sets, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out bytes.Buffer
+			err = Answer(&out, job, sxm, cal, Query{World: c.world})
+			if c.fits {
+				if err != nil || !strings.Contains(out.String(), "layout: "+c.want) {
+					t.Errorf("error %v, want layout %q in\n%s", err, c.want, out.String())
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want %q", err, c.want)
+			}
+			var nf NotFitError
+			if errors.As(err, &nf) != strings.Contains(c.want, "does not fit") {
+				t.Errorf("error %v: NotFitError %v", err, errors.As(err, &nf))
+			}
+			if errors.As(err, &nf) && (!strings.Contains(out.String(), "DOES NOT FIT") || nf.Prediction.Fits()) {
+				t.Errorf("a layout that does not fit: prediction not written, or it fits:\n%s", out.String())
+			}
+		})
 	}
 }
