@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -64,6 +65,9 @@ needs; --search instead proposes layouts that fit.`,
 				}
 				return runCalibrate(cmd, clusterRef, calPath, calNProcs)
 			case reference:
+				if cmd.Flags().Changed("plot") && plotPath == "" {
+					return errors.New("plan: --plot: give the PNG file to draw into")
+				}
 				if err := onlyFlags(cmd, "reference", "--reference predicts torchtitan's published rows on their own cluster ("+plan.ReferenceCluster+"), and", "json", "plot"); err != nil {
 					return err
 				}

@@ -1253,3 +1253,43 @@ func TestAnswerWorld(t *testing.T) {
 		})
 	}
 }
+
+// TestSearchUsesEveryRank checks that every layout a search proposes on
+// a world that is not a power of two runs on all of its ranks, and that
+// it reaches the layouts that divide it (tp or cp of 2 beside 3 data
+// parallel ranks on 6).
+func TestSearchUsesEveryRank(t *testing.T) {
+	sxm, err := cluster.Load("h100-sxm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cal, err := CalibrateGPU(sxm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, world := range []int{3, 6} {
+		job, err := config.Load("../../recipes/llama3_debug.toml", []string{"training.mixed_precision_param=bfloat16"}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		base, err := FromRecipe(job, world)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := Search(base, sxm, cal, SearchOptions{World: world, Top: 1000, Headroom: DefaultHeadroom})
+		if err != nil {
+			t.Fatal(err)
+		}
+		split := false
+		for _, c := range r.Top {
+			d := c.Prediction.Job.Layout.Degrees
+			if d.World() != world {
+				t.Errorf("world %d: %s uses %d ranks", world, c.Prediction.Job.Layout, d.World())
+			}
+			split = split || d.TP*d.CP > 1
+		}
+		if world == 6 && !split {
+			t.Errorf("world 6: no layout with tp or cp of 2 among %d", len(r.Top))
+		}
+	}
+}

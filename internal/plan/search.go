@@ -78,7 +78,7 @@ func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (Sear
 	if maxCP <= 0 {
 		maxCP = 8
 	}
-	if o.Headroom < 0 || o.Headroom >= 1 {
+	if !(o.Headroom >= 0 && o.Headroom < 1) { // NaN too
 		return SearchResult{}, fmt.Errorf("plan: search headroom (--headroom) %g: want a fraction of the device's memory in [0, 1)", o.Headroom)
 	}
 	c, err := c.WithWorld(world)
@@ -99,7 +99,8 @@ func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (Sear
 	var fits []Prediction
 	for _, tp := range powers(min(maxTP, c.DevicesPerNode, world)) {
 		for _, cp := range powers(min(maxCP, world/tp)) {
-			if llama.CheckParallel(cfg, base.Layout.SeqLen, tp, cp) != nil {
+			// Every layout uses all world ranks: tp × cp must divide it.
+			if world%(tp*cp) != 0 || llama.CheckParallel(cfg, base.Layout.SeqLen, tp, cp) != nil {
 				continue
 			}
 			for _, pp := range divisors(world / (tp * cp)) {

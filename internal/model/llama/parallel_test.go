@@ -402,8 +402,8 @@ func TestCheckParallel(t *testing.T) {
 	}{
 		{16, 3, 1, "parallelism.tensor_parallel_degree 3: n_heads 4 is not divisible by 3"},
 		{16, 4, 1, "parallelism.tensor_parallel_degree 4: n_kv_heads 2 is not divisible by 4"},
-		{12, 1, 4, "parallelism.context_parallel_degree 4: training.seq_len 12 is not divisible by 2×4 = 8"},
-		{6, 4, 1, "parallelism.tensor_parallel_degree 4: training.seq_len 6 / context_parallel_degree 1 = 6 is not divisible by 4"},
+		{12, 1, 4, "parallelism.context_parallel_degree 4: 12 tokens do not split into 2×4 = 8 equal chunks"},
+		{6, 4, 1, "parallelism.tensor_parallel_degree 4: a context-parallel rank's 6 tokens (6 / context_parallel_degree 1) do not split into 4"},
 		{16, 2, 2, ""},
 		{16, 4, 2, ""},
 	} {
