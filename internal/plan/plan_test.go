@@ -1199,19 +1199,27 @@ func TestCaveats(t *testing.T) {
 	}
 }
 
+// gpuCluster loads GPU cluster name with its calibration from the
+// published reference row.
+func gpuCluster(t *testing.T, name string) (cluster.Cluster, Calibration) {
+	t.Helper()
+	c, err := cluster.Load(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cal, err := CalibrateGPU(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, cal
+}
+
 // TestAnswerWorld checks how Answer sizes the world and what it refuses:
 // a shard degree of -1 fills the cluster (or --world), explicit degrees
 // that make another number are refused, and a layout that does not fit
 // is written before its NotFitError.
 func TestAnswerWorld(t *testing.T) {
-	sxm, err := cluster.Load("h100-sxm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cal, err := CalibrateGPU(sxm)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sxm, cal := gpuCluster(t, "h100-sxm")
 	for _, c := range []struct {
 		name  string
 		sets  []string
@@ -1259,14 +1267,7 @@ func TestAnswerWorld(t *testing.T) {
 // it reaches the layouts that divide it (tp or cp of 2 beside 3 data
 // parallel ranks on 6).
 func TestSearchUsesEveryRank(t *testing.T) {
-	sxm, err := cluster.Load("h100-sxm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cal, err := CalibrateGPU(sxm)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sxm, cal := gpuCluster(t, "h100-sxm")
 	for _, world := range []int{3, 6} {
 		job, err := config.Load("../../recipes/llama3_debug.toml", []string{"training.mixed_precision_param=bfloat16"}, nil)
 		if err != nil {
