@@ -87,7 +87,7 @@ func TestTensorContextParallelRefusals(t *testing.T) {
 		{"heads", []string{"--nproc", "3", "--set", "parallelism.tensor_parallel_degree=3"},
 			"parallelism.tensor_parallel_degree 3: n_heads 4 is not divisible by 3"},
 		{"sequence", []string{"--nproc", "3", "--set", "parallelism.context_parallel_degree=3"},
-			"training.seq_len 32: parallelism.context_parallel_degree 3: 32 tokens do not split into 2×3 = 6 equal chunks"},
+			"parallelism.context_parallel_degree 3: sequence length 32 does not split into 2×3 = 6 equal chunks"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			out, err := titan(t, append(tinyRun(t.TempDir(), data, 1), c.args...)...)

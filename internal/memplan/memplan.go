@@ -234,24 +234,20 @@ func (p *Plan) normalize() error {
 	if p.Model.NLayers < 1 || p.Model.Dim < 1 || p.Model.NHeads < 1 {
 		return fmt.Errorf("memplan: model shape dim %d, n_layers %d, n_heads %d is not valid", p.Model.Dim, p.Model.NLayers, p.Model.NHeads)
 	}
-	// Each sequence the plan runs, named by its key: the step's and
-	// validation's.
-	seqs := []struct {
-		key string
-		T   int
-	}{{"training.seq_len", p.SeqLen}}
-	if p.Eval.SeqLen > 0 {
-		seqs = append(seqs, struct {
-			key string
-			T   int
-		}{"validation.seq_len", p.Eval.SeqLen})
+	// The step's sequence, then validation's (whose errors name its
+	// key: the shapes' checks passed with the step's).
+	if p.SeqLen > p.Model.MaxSeqLen {
+		return fmt.Errorf("memplan: training.seq_len %d exceeds the model's max_seq_len %d", p.SeqLen, p.Model.MaxSeqLen)
 	}
-	for _, s := range seqs {
-		if s.T > p.Model.MaxSeqLen {
-			return fmt.Errorf("memplan: %s %d exceeds the model's max_seq_len %d", s.key, s.T, p.Model.MaxSeqLen)
+	if err := llama.CheckParallel(p.Model, p.SeqLen, p.Degrees.TP, p.Degrees.CP); err != nil {
+		return fmt.Errorf("memplan: %w", err)
+	}
+	if e := p.Eval.SeqLen; e > 0 {
+		if e > p.Model.MaxSeqLen {
+			return fmt.Errorf("memplan: validation.seq_len %d exceeds the model's max_seq_len %d", e, p.Model.MaxSeqLen)
 		}
-		if err := llama.CheckParallel(p.Model, s.T, p.Degrees.TP, p.Degrees.CP); err != nil {
-			return fmt.Errorf("memplan: %s %d: %w", s.key, s.T, err)
+		if err := llama.CheckParallel(p.Model, e, p.Degrees.TP, p.Degrees.CP); err != nil {
+			return fmt.Errorf("memplan: validation.seq_len %d: %w", e, err)
 		}
 	}
 	if _, err := p.Checkpoint.every(); err != nil {

@@ -58,11 +58,14 @@ func Answer(w io.Writer, job *config.Job, c cluster.Cluster, cal Calibration, q 
 	if err := q.check(c); err != nil {
 		return err
 	}
-	world := q.World
+	world, filled := q.World, false
 	if world == 0 && job.Parallelism.DataParallelShardDegree == -1 {
-		world = c.World()
+		world, filled = c.World(), true
 	}
 	j, err := FromRecipe(job, world)
+	if filled && err != nil {
+		return fmt.Errorf("plan: the recipe's data_parallel_shard_degree = -1 fills cluster %s's %d devices (--world sets another number): %w", c.Name, world, err)
+	}
 	if err != nil {
 		return err
 	}
@@ -142,6 +145,9 @@ func writeSearchAnswer(w io.Writer, r SearchResult, cal Calibration, asJSON bool
 		rows = append(rows, t.json())
 	}
 	doc := map[string]any{"tried": r.Tried, "fit": r.Fit, "global_batch": r.GlobalBatch, "headroom": r.Headroom, "calibration": cal, "top": rows, "caveats": caveats}
+	if r.GivenErr != nil {
+		doc["given"] = map[string]any{"layout": r.GivenLayout.String(), "error": r.GivenErr.Error()}
+	}
 	if r.Given.Prediction.Step.Step > 0 {
 		// The recipe's own layout: its rank among those that fit (0: it
 		// does not fit) and why it loses to the best.
@@ -173,7 +179,7 @@ func LoadCluster(ref, calPath string) (cluster.Cluster, Calibration, error) {
 		}
 		if !c.CPU() {
 			if calPath != "" {
-				return cluster.Cluster{}, Calibration{}, fmt.Errorf("plan: --calibration %s is a CPU host's file, and cluster %s is a GPU cluster: it is calibrated from the published reference row", calPath, c.Name)
+				return cluster.Cluster{}, Calibration{}, fmt.Errorf("plan: --calibration %s: the option names a CPU host's calibration file, and cluster %s is a GPU cluster, calibrated from the published reference row", calPath, c.Name)
 			}
 			cal, err := CalibrateGPU(c)
 			return c, cal, err

@@ -190,6 +190,9 @@ func WriteSearch(w io.Writer, r SearchResult, cal Calibration) {
 		fmt.Fprintf(tw, "%d\t%s\t%.4g\t%.1f%%\t%s\t%s\t%.1f%%\t%s\n", i+1, p.Job.Layout, p.TokensPerDevice, 100*p.MFU,
 			bytesize.Human(int64(p.MemoryBytes)), seconds(p.Step.Step), 100*p.BubbleFraction, c.Why)
 	}
+	if r.GivenErr != nil {
+		fmt.Fprintf(tw, "given\t%s\t\t\t\t\t\tcannot run: %v\n", r.GivenLayout, r.GivenErr)
+	}
 	if g := r.Given.Prediction; g.Step.Step > 0 {
 		rank := "does not fit"
 		if r.GivenRank > 0 {

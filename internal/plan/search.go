@@ -39,6 +39,10 @@ type SearchResult struct {
 	// predicted).
 	Given     Candidate
 	GivenRank int
+	// GivenLayout is the searched job's own layout, and GivenErr why it
+	// cannot run (nil when it can; Given is empty when it cannot).
+	GivenLayout Layout
+	GivenErr    error
 	// Headroom is the fraction of each device's memory a layout had to
 	// leave free to count as fitting.
 	Headroom float64
@@ -94,7 +98,7 @@ func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (Sear
 	bd := base.Layout.Degrees
 	accum := base.Layout.accum() // every layout accumulates as the recipe does
 	global := accum * base.Layout.LocalBatch * bd.DPReplicate * bd.DPShard
-	res := SearchResult{GlobalBatch: global, Headroom: o.Headroom}
+	res := SearchResult{GlobalBatch: global, Headroom: o.Headroom, GivenLayout: base.Layout}
 	cfg := base.Model
 	var fits []Prediction
 	for _, tp := range powers(min(maxTP, c.DevicesPerNode, world)) {
@@ -138,7 +142,9 @@ func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (Sear
 		return res, fmt.Errorf("plan: no layout of %s on %d ranks of %s fits in %s per device with %.0f%% of it free (tried %d)", base.Flavor, world, c.Name, bytesize.Human(int64(c.Device.MemoryBytes)), 100*o.Headroom, res.Tried)
 	}
 	sort.SliceStable(fits, func(i, j int) bool { return fits[i].TokensPerDevice > fits[j].TokensPerDevice })
-	if g, err := Predict(base, c, cal); err == nil {
+	if g, err := Predict(base, c, cal); err != nil {
+		res.GivenErr = err
+	} else {
 		var why []string
 		if !g.fitsWithin(o.Headroom) {
 			why = append(why, fmt.Sprintf("needs %s, more than %.0f%% of the device's %s", bytesize.Human(int64(g.MemoryBytes)),

@@ -243,7 +243,7 @@ func checkParallelism(job *config.Job, fam model.Family, world int) (*mesh.Mesh,
 		return nil, none, errors.New("parallelism.enable_async_tensor_parallel: not implemented yet (set it to false)")
 	}
 	if err := fam.Check(job.Training.SeqLen, m.TP, m.CP); err != nil {
-		return nil, none, fmt.Errorf("training.seq_len %d: %w", job.Training.SeqLen, err)
+		return nil, none, err
 	}
 	if v := job.Validation; v.Enable {
 		if v.SeqLen > fam.MaxSeqLen() {

@@ -73,7 +73,7 @@ func (f Family) Check(T, tp, cp int) error {
 		return fmt.Errorf("parallelism.context_parallel_degree %d: context parallelism is not supported for hyena yet", cp)
 	}
 	if T > f.Cfg.LMax {
-		return fmt.Errorf("%d tokens exceed the hyena model's l_max %d (the length of its filters)", T, f.Cfg.LMax)
+		return fmt.Errorf("sequence length %d exceeds the hyena model's l_max %d (the length of its filters)", T, f.Cfg.LMax)
 	}
 	return nil
 }

@@ -249,7 +249,7 @@ func planModel(cfg Config, B, T int, plan Plan) (*Model, error) {
 	}
 	tp, cp := plan.tp(), plan.cp()
 	if err := CheckParallel(cfg, T, tp, cp); err != nil {
-		return nil, fmt.Errorf("llama: sequence length %d: %w", T, err)
+		return nil, fmt.Errorf("llama: %w", err)
 	}
 	if tp*cp > 1 && plan.Comm == nil {
 		return nil, fmt.Errorf("llama: tensor parallel %d × context parallel %d needs a ParallelComm", tp, cp)

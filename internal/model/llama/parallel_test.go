@@ -402,8 +402,8 @@ func TestCheckParallel(t *testing.T) {
 	}{
 		{16, 3, 1, "parallelism.tensor_parallel_degree 3: n_heads 4 is not divisible by 3"},
 		{16, 4, 1, "parallelism.tensor_parallel_degree 4: n_kv_heads 2 is not divisible by 4"},
-		{12, 1, 4, "parallelism.context_parallel_degree 4: 12 tokens do not split into 2×4 = 8 equal chunks"},
-		{6, 4, 1, "parallelism.tensor_parallel_degree 4: a context-parallel rank's 6 tokens (6 / context_parallel_degree 1) do not split into 4"},
+		{12, 1, 4, "parallelism.context_parallel_degree 4: sequence length 12 does not split into 2×4 = 8 equal chunks"},
+		{6, 4, 1, "parallelism.tensor_parallel_degree 4: sequence length 6 / context_parallel_degree 1 = 6 does not split into 4"},
 		{16, 2, 2, ""},
 		{16, 4, 2, ""},
 	} {

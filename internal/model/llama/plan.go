@@ -280,8 +280,9 @@ func viewAll(p *Params, lay []ShardParam, flat backend.Tensor) {
 
 // CheckParallel reports why a model of shape c cannot train sequences of
 // T tokens with tensor parallel degree tp and context parallel degree cp.
-// The errors name the degree's key; callers name the sequence's
-// (training.seq_len, validation.seq_len).
+// The errors name the degree's key and the sequence's length; a caller
+// checking another sequence than training's names its key
+// (validation.seq_len).
 func CheckParallel(c Config, T, tp, cp int) error {
 	if tp < 1 || cp < 1 {
 		return fmt.Errorf("parallelism: tensor_parallel_degree %d and context_parallel_degree %d must be positive", tp, cp)
@@ -297,10 +298,10 @@ func CheckParallel(c Config, T, tp, cp int) error {
 		}
 	}
 	if cp > 1 && T%(2*cp) != 0 {
-		return fmt.Errorf("parallelism.context_parallel_degree %d: %d tokens do not split into 2×%d = %d equal chunks (each rank holds a head and a tail chunk)", cp, T, cp, 2*cp)
+		return fmt.Errorf("parallelism.context_parallel_degree %d: sequence length %d does not split into 2×%d = %d equal chunks (each rank holds a head and a tail chunk)", cp, T, cp, 2*cp)
 	}
 	if (T/cp)%tp != 0 {
-		return fmt.Errorf("parallelism.tensor_parallel_degree %d: a context-parallel rank's %d tokens (%d / context_parallel_degree %d) do not split into %d (sequence parallel)", tp, T/cp, T, cp, tp)
+		return fmt.Errorf("parallelism.tensor_parallel_degree %d: sequence length %d / context_parallel_degree %d = %d does not split into %d (sequence parallel)", tp, T, cp, T/cp, tp)
 	}
 	return nil
 }
