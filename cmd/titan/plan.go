@@ -73,10 +73,10 @@ needs; --search instead proposes layouts that fit.`,
 				}
 				return runReference(out, plotPath, asJSON)
 			}
-			for name, mode := range map[string]string{"plot": "--reference", "calibrate-nproc": "--calibrate", "top": "--search",
-				"max-tp": "--search", "max-cp": "--search", "headroom": "--search"} {
-				if cmd.Flags().Changed(name) && !(mode == "--search" && search) {
-					return fmt.Errorf("plan: --%s goes with %s", name, mode)
+			for _, f := range []struct{ name, mode string }{{"plot", "--reference"}, {"calibrate-nproc", "--calibrate"},
+				{"top", "--search"}, {"max-tp", "--search"}, {"max-cp", "--search"}, {"headroom", "--search"}} {
+				if cmd.Flags().Changed(f.name) && !(f.mode == "--search" && search) {
+					return fmt.Errorf("plan: --%s goes with %s", f.name, f.mode)
 				}
 			}
 			c, cal, err := plan.LoadCluster(clusterRef, calPath)

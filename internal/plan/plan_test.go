@@ -1199,27 +1199,12 @@ func TestCaveats(t *testing.T) {
 	}
 }
 
-// gpuCluster loads GPU cluster name with its calibration from the
-// published reference row.
-func gpuCluster(t *testing.T, name string) (cluster.Cluster, Calibration) {
-	t.Helper()
-	c, err := cluster.Load(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cal, err := CalibrateGPU(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c, cal
-}
-
 // TestAnswerWorld checks how Answer sizes the world and what it refuses:
 // a shard degree of -1 fills the cluster (or --world), explicit degrees
 // that make another number are refused, and a layout that does not fit
 // is written before its NotFitError.
 func TestAnswerWorld(t *testing.T) {
-	sxm, cal := gpuCluster(t, "h100-sxm")
+	sxm, cal := h100(t)
 	for _, c := range []struct {
 		name  string
 		sets  []string
@@ -1267,7 +1252,7 @@ func TestAnswerWorld(t *testing.T) {
 // it reaches the layouts that divide it (tp or cp of 2 beside 3 data
 // parallel ranks on 6).
 func TestSearchUsesEveryRank(t *testing.T) {
-	sxm, cal := gpuCluster(t, "h100-sxm")
+	sxm, cal := h100(t)
 	for _, world := range []int{3, 6} {
 		job, err := config.Load("../../recipes/llama3_debug.toml", []string{"training.mixed_precision_param=bfloat16"}, nil)
 		if err != nil {

@@ -145,12 +145,12 @@ func writeSearchAnswer(w io.Writer, r SearchResult, cal Calibration, asJSON bool
 		rows = append(rows, t.json())
 	}
 	doc := map[string]any{"tried": r.Tried, "fit": r.Fit, "global_batch": r.GlobalBatch, "headroom": r.Headroom, "calibration": cal, "top": rows, "caveats": caveats}
-	if r.GivenErr != nil {
+	// The recipe's own layout: why it cannot run, or its rank among those
+	// that fit (0: it does not fit) and why it loses to the best.
+	switch {
+	case r.GivenErr != nil:
 		doc["given"] = map[string]any{"layout": r.GivenLayout.String(), "error": r.GivenErr.Error()}
-	}
-	if r.Given.Prediction.Step.Step > 0 {
-		// The recipe's own layout: its rank among those that fit (0: it
-		// does not fit) and why it loses to the best.
+	case r.Given.Prediction.Step.Step > 0:
 		doc["given"] = map[string]any{"rank": r.GivenRank, "prediction": r.Given.json()}
 	}
 	return WriteJSON(w, doc)
@@ -172,9 +172,10 @@ func LoadCluster(ref, calPath string) (cluster.Cluster, Calibration, error) {
 	if ref == "" {
 		return cluster.Cluster{}, Calibration{}, fmt.Errorf("--cluster: give one of %v, %q or a .toml path", cluster.Names(), ThisMachine)
 	}
+	var c cluster.Cluster
 	if ref != ThisMachine {
-		c, err := cluster.Load(ref)
-		if err != nil {
+		var err error
+		if c, err = cluster.Load(ref); err != nil {
 			return cluster.Cluster{}, Calibration{}, err
 		}
 		if !c.CPU() {
@@ -199,11 +200,9 @@ func LoadCluster(ref, calPath string) (cluster.Cluster, Calibration, error) {
 		return cluster.Cluster{}, Calibration{}, err
 	}
 	if ref == ThisMachine {
-		ref = cal.Cluster
-	}
-	c, err := cluster.Load(ref)
-	if err != nil {
-		return cluster.Cluster{}, Calibration{}, err
+		if c, err = cluster.Load(cal.Cluster); err != nil {
+			return cluster.Cluster{}, Calibration{}, err
+		}
 	}
 	if !c.CPU() {
 		return cluster.Cluster{}, Calibration{}, fmt.Errorf("plan: the calibration %s names cluster %q, which is not a CPU host: run `titan plan --calibrate` again", path, c.Name)
