@@ -22,7 +22,8 @@ import (
 // model's shapes on in-process ranks under each layout and precision and
 // checks memplan's estimate, part by part, against what the engine
 // allocated: the parameter and gradient shards, the activations the
-// model planned (ring attention's and the pipeline's sets included), and
+// model planned (ring attention's and the pipeline's sets included, with
+// a split backward's copies under activation checkpointing), and
 // FSDP's unit buffers with its bfloat16 copies under mixed precision
 // and its float8 all-gather's receive buffers (fsdp.Runtime.BufferBytes,
 // the trainer's accounting).
@@ -39,29 +40,34 @@ func TestEstimateIsTheEnginesAccounting(t *testing.T) {
 		param, reduce bool
 		f8            *float8.Config    // model.converters float8
 		eval          memplan.EvalShape // validation's own shape
+		ac            memplan.Checkpoint
 	}{
-		{"one", memplan.Degrees{}, "", false, false, nil, memplan.EvalShape{}},
-		{"one bf16", memplan.Degrees{}, "", true, false, nil, memplan.EvalShape{}},
-		{"FSDP2", memplan.Degrees{DPShard: 2}, "", false, false, nil, memplan.EvalShape{}},
-		{"FSDP2 bf16", memplan.Degrees{DPShard: 2}, "", true, false, nil, memplan.EvalShape{}},
-		{"FSDP2 bf16 reduce bf16", memplan.Degrees{DPShard: 2}, "", true, true, nil, memplan.EvalShape{}},
-		{"FSDP2 float8 all-gather", memplan.Degrees{DPShard: 2}, "", false, false, f8Gather, memplan.EvalShape{}},
-		{"FSDP2 bf16 float8 all-gather", memplan.Degrees{DPShard: 2}, "", true, false, f8Gather, memplan.EvalShape{}},
-		{"DDP2 bf16 reduce bf16", memplan.Degrees{DPReplicate: 2}, "", true, true, nil, memplan.EvalShape{}},
-		{"CP2", memplan.Degrees{CP: 2}, "", false, false, nil, memplan.EvalShape{}},
-		{"TP2", memplan.Degrees{TP: 2}, "", false, false, nil, memplan.EvalShape{}},
-		{"TP2 bf16 float8", memplan.Degrees{TP: 2}, "", true, false, f8TP, memplan.EvalShape{}},
-		{"FSDP2xTP2 bf16 float8 all-gather", memplan.Degrees{DPShard: 2, TP: 2}, "", true, false, f8Gather, memplan.EvalShape{}},
-		{"PP2 Interleaved1F1B", memplan.Degrees{PP: 2}, "Interleaved1F1B", false, false, nil, memplan.EvalShape{}},
-		{"one validation 3x32", memplan.Degrees{}, "", false, false, nil, memplan.EvalShape{Rows: 3, SeqLen: 32}},
-		{"one validation same shape", memplan.Degrees{}, "", false, false, nil, memplan.EvalShape{Rows: B, SeqLen: T}},
-		{"FSDP2 bf16 validation 1x128", memplan.Degrees{DPShard: 2}, "", true, false, nil, memplan.EvalShape{Rows: 1, SeqLen: 128}},
-		{"CP2 validation 4x32", memplan.Degrees{CP: 2}, "", false, false, nil, memplan.EvalShape{Rows: 4, SeqLen: 32}},
-		{"PP2 Interleaved1F1B validation 2x128", memplan.Degrees{PP: 2}, "Interleaved1F1B", false, false, nil, memplan.EvalShape{Rows: 2, SeqLen: 128}},
+		{"one", memplan.Degrees{}, "", false, false, nil, memplan.EvalShape{}, memplan.Checkpoint{}},
+		{"one bf16", memplan.Degrees{}, "", true, false, nil, memplan.EvalShape{}, memplan.Checkpoint{}},
+		{"FSDP2", memplan.Degrees{DPShard: 2}, "", false, false, nil, memplan.EvalShape{}, memplan.Checkpoint{}},
+		{"FSDP2 bf16", memplan.Degrees{DPShard: 2}, "", true, false, nil, memplan.EvalShape{}, memplan.Checkpoint{}},
+		{"FSDP2 bf16 reduce bf16", memplan.Degrees{DPShard: 2}, "", true, true, nil, memplan.EvalShape{}, memplan.Checkpoint{}},
+		{"FSDP2 float8 all-gather", memplan.Degrees{DPShard: 2}, "", false, false, f8Gather, memplan.EvalShape{}, memplan.Checkpoint{}},
+		{"FSDP2 bf16 float8 all-gather", memplan.Degrees{DPShard: 2}, "", true, false, f8Gather, memplan.EvalShape{}, memplan.Checkpoint{}},
+		{"DDP2 bf16 reduce bf16", memplan.Degrees{DPReplicate: 2}, "", true, true, nil, memplan.EvalShape{}, memplan.Checkpoint{}},
+		{"CP2", memplan.Degrees{CP: 2}, "", false, false, nil, memplan.EvalShape{}, memplan.Checkpoint{}},
+		{"TP2", memplan.Degrees{TP: 2}, "", false, false, nil, memplan.EvalShape{}, memplan.Checkpoint{}},
+		{"TP2 bf16 float8", memplan.Degrees{TP: 2}, "", true, false, f8TP, memplan.EvalShape{}, memplan.Checkpoint{}},
+		{"FSDP2xTP2 bf16 float8 all-gather", memplan.Degrees{DPShard: 2, TP: 2}, "", true, false, f8Gather, memplan.EvalShape{}, memplan.Checkpoint{}},
+		{"PP2 Interleaved1F1B", memplan.Degrees{PP: 2}, "Interleaved1F1B", false, false, nil, memplan.EvalShape{}, memplan.Checkpoint{}},
+		{"one validation 3x32", memplan.Degrees{}, "", false, false, nil, memplan.EvalShape{Rows: 3, SeqLen: 32}, memplan.Checkpoint{}},
+		{"one validation same shape", memplan.Degrees{}, "", false, false, nil, memplan.EvalShape{Rows: B, SeqLen: T}, memplan.Checkpoint{}},
+		{"FSDP2 bf16 validation 1x128", memplan.Degrees{DPShard: 2}, "", true, false, nil, memplan.EvalShape{Rows: 1, SeqLen: 128}, memplan.Checkpoint{}},
+		{"CP2 validation 4x32", memplan.Degrees{CP: 2}, "", false, false, nil, memplan.EvalShape{Rows: 4, SeqLen: 32}, memplan.Checkpoint{}},
+		{"PP2 Interleaved1F1B validation 2x128", memplan.Degrees{PP: 2}, "Interleaved1F1B", false, false, nil, memplan.EvalShape{Rows: 2, SeqLen: 128}, memplan.Checkpoint{}},
+		// Split backwards of recomputed layers keep copies of their inputs.
+		{"PP2 ZBVZeroBubble full AC", memplan.Degrees{PP: 2}, "ZBVZeroBubble", false, false, nil, memplan.EvalShape{}, memplan.Checkpoint{Mode: "full"}},
+		{"PP2 InterleavedZeroBubble op AC bf16", memplan.Degrees{PP: 2}, "InterleavedZeroBubble", true, false, nil, memplan.EvalShape{}, memplan.Checkpoint{Mode: "selective", Option: "op"}},
+		{"PP2xTP2 ZBVZeroBubble every 2nd layer bf16", memplan.Degrees{PP: 2, TP: 2}, "ZBVZeroBubble", true, false, nil, memplan.EvalShape{}, memplan.Checkpoint{Mode: "selective", Option: "2"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			plan := memplan.Plan{Model: cfg, Batch: B, SeqLen: T, MicrobatchRows: 1, Degrees: tc.d, Reshard: "default",
-				Precision: memplan.Precision{ParamBF16: tc.param, ReduceBF16: tc.reduce, Float8: tc.f8}, Eval: tc.eval}
+				Precision: memplan.Precision{ParamBF16: tc.param, ReduceBF16: tc.reduce, Float8: tc.f8}, Eval: tc.eval, Checkpoint: tc.ac}
 			if tc.d.PP > 1 {
 				plan.Pipeline = &parallel.PipelineSettings{Schedule: tc.sched, MicrobatchSize: 1}
 			}
@@ -83,7 +89,7 @@ func TestEstimateIsTheEnginesAccounting(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					mems[r], errs[r] = step(st, r, ranks, cfg, d, pp, B, T, tc.param, tc.reduce, tc.f8, tc.eval)
+					mems[r], errs[r] = step(st, r, ranks, cfg, d, pp, B, T, tc.param, tc.reduce, tc.f8, tc.eval, tc.ac)
 				}()
 			}
 			wg.Wait()
@@ -124,7 +130,7 @@ var f8TP = &float8.Config{Recipe: float8.Rowwise}
 
 // step builds rank r's engine, runs one forward and backward and returns
 // its memory accounting.
-func step(st comm.Store, r, ranks int, cfg llama.Config, d memplan.Degrees, pp parallel.PipelinePlan, B, T int, param, reduce bool, f8 *float8.Config, eval memplan.EvalShape) (parallel.Memory, error) {
+func step(st comm.Store, r, ranks int, cfg llama.Config, d memplan.Degrees, pp parallel.PipelinePlan, B, T int, param, reduce bool, f8 *float8.Config, eval memplan.EvalShape, ac memplan.Checkpoint) (parallel.Memory, error) {
 	world, err := comm.NewWorld(context.Background(), st, r, ranks, comm.Options{})
 	if err != nil {
 		return parallel.Memory{}, err
@@ -148,7 +154,7 @@ func step(st comm.Store, r, ranks int, cfg llama.Config, d memplan.Degrees, pp p
 	if reduce {
 		o.Reduce = backend.BFloat16
 	}
-	eng, err := parallel.New(be, llama.Family{Cfg: cfg}, g, o)
+	eng, err := parallel.New(be, llama.Family{Cfg: cfg, Checkpoint: llama.ActivationCheckpoint{Mode: ac.Mode, SelectiveOption: ac.Option}}, g, o)
 	if err != nil {
 		return parallel.Memory{}, err
 	}

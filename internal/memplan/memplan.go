@@ -585,13 +585,11 @@ func estimatePipeline(plan Plan) ([]Report, error) {
 			if v.err != nil {
 				return nil, v.err
 			}
-			// Each set keeps its microbatch's activations (and a split
-			// backward's output gradients).
+			// Each set keeps its microbatch's activations; the stage's
+			// sets share the memory of the split backwards between their
+			// halves at once.
 			a := v.act - v.shared
-			if split {
-				a += v.split
-			}
-			act += int64(peak[s]) * a
+			act += int64(peak[s])*a + int64(split[s])*v.split
 			st.Kept = a
 			stages = append(stages, st)
 			train.add(v)
@@ -651,6 +649,7 @@ func (p Plan) ResolvePipeline() (parallel.PipelinePlan, error) {
 	k := pipelineKey{layers: p.Model.NLayers, batch: p.Batch, lps: -1}
 	if p.Pipeline != nil && p.Degrees.PP > 1 {
 		k.s = *p.Pipeline
+		k.s.Costs = parallel.PassCosts(llama.Family{Cfg: p.Model, Checkpoint: llamaPlan(p, nil).Checkpoint}, p.SeqLen)
 		if k.s.LayersPerStage != nil {
 			k.lps = *k.s.LayersPerStage
 		}

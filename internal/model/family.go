@@ -56,6 +56,9 @@ type Placement struct {
 	// Scratch, when set, is the device memory the activation sets of the
 	// rank share (see ActivationScratch); nil: the part has its own.
 	Scratch *ActivationScratch
+	// Split, when set, is the memory of split backwards the activation
+	// sets of the stage share (see SplitPool); nil: the part's own.
+	Split *SplitPool
 }
 
 // UnitHooks are called by a part's forward and backward around each unit
@@ -108,9 +111,10 @@ type Part interface {
 	BackwardInput(scale float32) error
 	BackwardWeight() error
 	// CanSplit reports whether BackwardInput defers work to
-	// BackwardWeight; ReserveSplit allocates the memory that needs.
+	// BackwardWeight; ReserveSplit makes the memory that needs for n
+	// microbatches between the two halves at once (Placement.Split's).
 	CanSplit() bool
-	ReserveSplit()
+	ReserveSplit(n int)
 	// Input and Output are the hidden states entering and leaving the
 	// part, GradOutput and GradInput their gradients.
 	Input() backend.Tensor
@@ -149,6 +153,12 @@ type Family interface {
 	// FLOPsPerToken is the training FLOPs (forward and backward) per
 	// token of sequences of T tokens, for MFU.
 	FLOPsPerToken(T int) float64
+	// PassFLOPs is the FLOPs per token of one layer's forward, of its
+	// input gradient (with what activation checkpointing recomputes) and
+	// of its weight gradient (0 when the backward cannot split: the input
+	// gradient is then the whole backward), for sequences of T tokens:
+	// the costs a zero-bubble pipeline schedule is ordered for.
+	PassFLOPs(T int) (forward, input, weight float64)
 	// Check reports why the model cannot train sequences of T tokens
 	// with tensor parallel degree tp and context parallel degree cp.
 	Check(T, tp, cp int) error

@@ -34,6 +34,40 @@ func (h *HostScratch) Float32s(name string, n int) []float32 {
 	return b[:n:n]
 }
 
+// SplitPool is the memory a stage's split backwards keep from a
+// BackwardInput to its BackwardWeight, which the stage's activation sets
+// share: a zero-bubble schedule has fewer microbatches between the two
+// halves at once than activation sets (pipeline.Schedule.ActivationSets),
+// so a set takes a buffer for that span rather than holding one. The
+// buffers are whatever the parts of one shape make; a nil pool is a
+// part's own.
+type SplitPool struct {
+	free  []any
+	made  int
+	bytes int64
+}
+
+// Get takes a free buffer; ok is false when none is free.
+func (p *SplitPool) Get() (b any, ok bool) {
+	if len(p.free) == 0 {
+		return nil, false
+	}
+	b = p.free[len(p.free)-1]
+	p.free = p.free[:len(p.free)-1]
+	return b, true
+}
+
+// Put returns buffer b, taken with Get or made by the caller (Made), to
+// the pool.
+func (p *SplitPool) Put(b any) { p.free = append(p.free, b) }
+
+// Made counts a buffer of the given size that a caller made for the pool.
+func (p *SplitPool) Made(bytes int64) { p.made, p.bytes = p.made+1, p.bytes+bytes }
+
+// Len is the number of buffers made for the pool, Bytes their size.
+func (p *SplitPool) Len() int     { return p.made }
+func (p *SplitPool) Bytes() int64 { return p.bytes }
+
 // ActivationScratch is device memory that the activation sets of a rank
 // (one per microbatch in flight, of each of its pipeline stages) share
 // for what a pass needs only while it runs: forward temporaries,

@@ -139,8 +139,11 @@ type engine struct {
 	// scratch is the activation scratch of each executor's stage, shared
 	// by its sets (counted once in Memory).
 	scratch []*model.ActivationScratch
-	rt      *fsdp.Runtime
-	repl    []model.Range // replicated ranges of the local buffer
+	// splits are the split-backward pools of each executor's stages,
+	// shared by the stage's sets (counted once in Memory).
+	splits []*model.SplitPool
+	rt     *fsdp.Runtime
+	repl   []model.Range // replicated ranges of the local buffer
 	// ties are the model's copies this rank keeps in step (see
 	// reduceCopies) and copyGrads the gradient shards of its own copies.
 	ties      []tie
@@ -237,8 +240,10 @@ func New(be backend.Backend, fam model.Family, g *Groups, o Options) (Engine, er
 	// (the executor runs one pass at a time): the rank's, sized for its
 	// largest stage, when the family can size it before any part exists
 	// (model.ScratchSizer); otherwise each stage's sets share their own.
+	// A stage's sets share one pool of split-backward memory.
 	newSet := func(rows, T int) func(s int) (pipeline.Stage, error) {
 		scratch := map[int]*model.ActivationScratch{}
+		splits := map[int]*model.SplitPool{}
 		sizer, rankWide := fam.(model.ScratchSizer)
 		return func(s int) (pipeline.Stage, error) {
 			pl := e.pl
@@ -264,6 +269,11 @@ func New(be backend.Backend, fam model.Family, g *Groups, o Options) (Engine, er
 				e.scratch = append(e.scratch, sc)
 			}
 			pl.Scratch = scratch[key]
+			if splits[s] == nil {
+				splits[s] = &model.SplitPool{}
+				e.splits = append(e.splits, splits[s])
+			}
+			pl.Split = splits[s]
 			p, err := fam.NewPart(be, rows, T, pl)
 			if err != nil {
 				return nil, err
@@ -756,6 +766,9 @@ func (e *engine) Memory() Memory {
 		}
 	}
 	for _, s := range e.scratch {
+		act += s.Bytes()
+	}
+	for _, s := range e.splits {
 		act += s.Bytes()
 	}
 	return Memory{StateBytes: e.rt.StateBytes(), ActivationBytes: act, GatheredUnits: e.rt.GatheredBuffers(), UnitBufferBytes: e.rt.BufferBytes()}

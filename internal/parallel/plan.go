@@ -41,6 +41,18 @@ type PipelineSettings struct {
 	// pipeline_parallel_first_stage_less_layers and _last_).
 	FirstLessLayers, LastLessLayers int
 	MicrobatchSize                  int
+	// Costs are the relative costs of a stage's forward, input gradient
+	// and weight gradient that a zero-bubble schedule is ordered for
+	// (model.Family.PassFLOPs; zero: equal).
+	Costs pipeline.Costs
+}
+
+// PassCosts are the stage costs a zero-bubble schedule of fam is ordered
+// for on sequences of T tokens: its per-layer FLOPs of each pass
+// (model.Family.PassFLOPs).
+func PassCosts(fam model.Family, T int) pipeline.Costs {
+	f, i, w := fam.PassFLOPs(T)
+	return pipeline.Costs{Forward: f, Input: i, Weight: w}
 }
 
 // PlanPipeline resolves the pipeline layout of a model of numLayers
@@ -54,7 +66,7 @@ type PipelineSettings struct {
 func PlanPipeline(numLayers, localBatch int, p PipelineSettings) (PipelinePlan, error) {
 	whole := model.StageSpec{FirstLayer: 0, NumLayers: numLayers, Embedding: true, Head: true}
 	if p.Degree <= 1 {
-		s, err := pipeline.Build("1F1B", 1, 1, 1)
+		s, err := pipeline.Build("1F1B", 1, 1, 1, pipeline.Costs{})
 		if err != nil {
 			return PipelinePlan{}, err
 		}
@@ -97,7 +109,7 @@ func PlanPipeline(numLayers, localBatch int, p PipelineSettings) (PipelinePlan, 
 	if mbs < 1 || B%mbs != 0 {
 		return PipelinePlan{}, fmt.Errorf("parallelism.pipeline_parallel_microbatch_size %d does not divide training.local_batch_size %d", mbs, B)
 	}
-	sched, err := pipeline.Build(name, pp, S/pp, B/mbs)
+	sched, err := pipeline.Build(name, pp, S/pp, B/mbs, p.Costs)
 	if err != nil {
 		return PipelinePlan{}, fmt.Errorf("parallelism: %w (local batch %d in microbatches of %d)", err, B, mbs)
 	}

@@ -287,6 +287,11 @@ type Runtime struct {
 	// (torchtitan's policy, which also saves w2's output: sacSaved)
 	// rather than titan's, which keeps the same tensors but that one.
 	TorchSAC bool
+	// KeepsRecomputed: a zero-bubble schedule's split backward keeps a
+	// recomputed layer's tensors alive until its weight gradients
+	// (PyTorch's autograd) rather than copying the weight products'
+	// inputs out of the shared scratch set (titan's llama.Model).
+	KeepsRecomputed bool
 }
 
 // computeBytes is the size of a compute-precision element.
@@ -301,11 +306,11 @@ func (rt Runtime) computeBytes() float64 {
 // titan's fused kernels on a CPU (whose ranks share the host's cores),
 // with the layout's mixed precision; float32 state with bf16 compute,
 // whole logits, eager element-wise kernels unless compiled, PyTorch's
-// ring attention, its pipeline's unsynchronised gradients and its
-// selective checkpointing on a GPU.
+// ring attention, its pipeline's unsynchronised gradients, its
+// selective checkpointing and its split backward on a GPU.
 func RuntimeOf(c cluster.Cluster, l Layout) Runtime {
 	if c.CPU() {
 		return Runtime{Precision: memplan.Precision{ParamBF16: l.ParamBF16, ReduceBF16: l.ReduceBF16}, Fused: true, Shared: min(l.World(), c.Nodes*c.DevicesPerNode)}
 	}
-	return Runtime{Precision: memplan.Precision{State: 4, Compute: 2}, WholeLogits: true, Fused: l.Compile, Overlap: true, Shared: 1, TorchRing: true, PipelineNoSync: true, TorchSAC: true}
+	return Runtime{Precision: memplan.Precision{State: 4, Compute: 2}, WholeLogits: true, Fused: l.Compile, Overlap: true, Shared: 1, TorchRing: true, PipelineNoSync: true, TorchSAC: true, KeepsRecomputed: true}
 }

@@ -228,7 +228,7 @@ func TestBubbleIsSimulation(t *testing.T) {
 	}
 	// The closed form, through the same simulation Predict runs.
 	for _, m := range []int{2, 4, 8, 32} {
-		s, err := pipeline.Build("1F1B", 2, 1, m)
+		s, err := pipeline.Build("1F1B", 2, 1, m, pipeline.Costs{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -651,11 +651,19 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 	v := float64(share.stages)
 	costF := (fMM + fAttn + fEW + tpF + cpF) / v
 	costB := (bMM + bAttn + bEW + rMM + rAttn + rEW + tpB + cpB) / v
+	// A zero-bubble schedule's BackwardWeight runs the weight-gradient
+	// products, also of recomputed layers.
 	costW := bMM / v
-	if l.Checkpoint.Mode != "" && l.Checkpoint.Mode != "none" {
-		// A recomputing model cannot split its backward: a zero-bubble
-		// schedule's BackwardInput runs all of it (llama.Model.CanSplit).
-		costB, costW = costB+costW, 0
+	if _, split := sched.ActivationSets(0); split != nil && !rt.KeepsRecomputed {
+		// titan's BackwardInput copies those products' inputs out of the
+		// shared scratch set for each recomputed layer: the gathered norm
+		// outputs and, whole-layer, attention's output; the SwiGLU product.
+		per := 2*N*D + N*F/tp
+		copied := recomputed * (per + N*Q/tp)
+		if ops {
+			copied = L * per
+		}
+		costB += 2 * copied * cb / r.ew / v
 	}
 	lat := 0.0
 	if d.PP > 1 {

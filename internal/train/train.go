@@ -231,6 +231,7 @@ func checkParallelism(job *config.Job, fam model.Family, world int) (*mesh.Mesh,
 		Degree: p.PipelineParallelDegree, Schedule: p.PipelineParallelSchedule, LayersPerStage: p.PipelineParallelLayersPerStage,
 		FirstLessLayers: p.PipelineParallelFirstStageLessLayers, LastLessLayers: p.PipelineParallelLastStageLessLayers,
 		MicrobatchSize: p.PipelineParallelMicrobatchSize,
+		Costs:          parallel.PassCosts(fam, job.Training.SeqLen),
 	})
 	if err != nil {
 		return nil, none, err

@@ -61,6 +61,14 @@ func (f Family) MaxSeqLen() int { return f.Cfg.LMax }
 // FLOPsPerToken implements model.Family.
 func (f Family) FLOPsPerToken(T int) float64 { return f.Cfg.FLOPsPerToken(T) }
 
+// PassFLOPs implements model.Family: a layer's share of the forward, and
+// the whole backward (twice the forward) as the input gradient, since
+// the model's backward does not split (Model.CanSplit).
+func (f Family) PassFLOPs(T int) (forward, input, weight float64) {
+	forward = f.Cfg.FLOPsPerToken(T) / 3 / float64(max(f.Cfg.NLayer, 1))
+	return forward, 2 * forward, 0
+}
+
 // Check implements model.Family.
 func (f Family) Check(T, tp, cp int) error {
 	if tp < 1 || cp < 1 {

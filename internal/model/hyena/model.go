@@ -461,7 +461,7 @@ func (m *Model) GradInput() backend.Tensor { return m.dres }
 func (m *Model) CanSplit() bool { return false }
 
 // ReserveSplit does nothing (see CanSplit).
-func (m *Model) ReserveSplit() {}
+func (m *Model) ReserveSplit(int) {}
 
 // BackwardInput runs Backward (see CanSplit).
 func (m *Model) BackwardInput(lossScale float32) error { return m.Backward(lossScale) }

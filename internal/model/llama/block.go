@@ -137,6 +137,16 @@ func (m *Model) layerBackward(l, u int, split bool) error {
 		be.Copy(dst, dout)
 		return dst
 	}
+	// inputs holds the inputs the weight-gradient products read: the layer's
+	// activations, with the split backward's copies in place of those a
+	// recomputation left in the scratch set.
+	inputs := *a
+	if split {
+		src, dst := m.actFields(&inputs), m.actFields(&o.in)
+		for _, i := range m.splitInputs(l) {
+			*src[i].t = keep(*dst[i].t, *src[i].t)
+		}
+	}
 	lin := func(id linID, dinp backend.Tensor, dw func() backend.Tensor, dout, inp, w backend.Tensor, in, outDim int, overwrite bool) {
 		beta := float32(1)
 		if overwrite {
@@ -156,7 +166,7 @@ func (m *Model) layerBackward(l, u int, split bool) error {
 		dout = keep(o.ffnOut, dout)
 	}
 	span := trace.Begin(trace.CatGEMM, "w2_backward")
-	lin(linW2, m.dhs, func() backend.Tensor { return g().W2 }, dout, a.hs, p.W2, m.f, D, true)
+	lin(linW2, m.dhs, func() backend.Tensor { return g().W2 }, dout, inputs.hs, p.W2, m.f, D, true)
 	span.End()
 	span = trace.Begin(trace.CatElementw, "swiglu_backward")
 	be.Zero(dh1)
@@ -164,8 +174,8 @@ func (m *Model) layerBackward(l, u int, split bool) error {
 	be.SwiGLUBackward(dh1, dh3, m.dhs, a.h1, a.h3, N*m.f)
 	span.End()
 	span = trace.Begin(trace.CatGEMM, "w1_w3_backward")
-	lin(linW1, m.full, func() backend.Tensor { return g().W1 }, dh1, a.ffnNorm, p.W1, D, m.f, true)
-	lin(linW3, m.full, func() backend.Tensor { return g().W3 }, dh3, a.ffnNorm, p.W3, D, m.f, false)
+	lin(linW1, m.full, func() backend.Tensor { return g().W1 }, dh1, inputs.ffnNorm, p.W1, D, m.f, true)
+	lin(linW3, m.full, func() backend.Tensor { return g().W3 }, dh3, inputs.ffnNorm, p.W3, D, m.f, false)
 	span.End()
 	span = trace.Begin(trace.CatNorm, "ffn_norm_backward")
 	err = m.normBackward(m.dres, g().FFNNorm, m.full, a.mid, p.FFNNorm, a.ffnRstd)
@@ -182,7 +192,7 @@ func (m *Model) layerBackward(l, u int, split bool) error {
 		dout = keep(o.attnOut, dout)
 	}
 	span = trace.Begin(trace.CatGEMM, "wo_backward")
-	lin(linWo, m.dat, func() backend.Tensor { return g().Wo }, dout, a.attn, p.Wo, m.nq, D, true)
+	lin(linWo, m.dat, func() backend.Tensor { return g().Wo }, dout, inputs.attn, p.Wo, m.nq, D, true)
 	span.End()
 	span = trace.Begin(trace.CatAttention, "attention_backward")
 	err = m.attentionBackward(a, dv)
@@ -197,9 +207,9 @@ func (m *Model) layerBackward(l, u int, split bool) error {
 		return err
 	}
 	span = trace.Begin(trace.CatGEMM, "qkv_backward")
-	lin(linWq, m.full, func() backend.Tensor { return g().Wq }, dqr, a.attnNorm, p.Wq, D, m.nq, true)
-	lin(linWk, m.full, func() backend.Tensor { return g().Wk }, dkr, a.attnNorm, p.Wk, D, m.nkvd, false)
-	lin(linWv, m.full, func() backend.Tensor { return g().Wv }, dv, a.attnNorm, p.Wv, D, m.nkvd, false)
+	lin(linWq, m.full, func() backend.Tensor { return g().Wq }, dqr, inputs.attnNorm, p.Wq, D, m.nq, true)
+	lin(linWk, m.full, func() backend.Tensor { return g().Wk }, dkr, inputs.attnNorm, p.Wk, D, m.nkvd, false)
+	lin(linWv, m.full, func() backend.Tensor { return g().Wv }, dv, inputs.attnNorm, p.Wv, D, m.nkvd, false)
 	span.End()
 	span = trace.Begin(trace.CatNorm, "attention_norm_backward")
 	defer span.End()

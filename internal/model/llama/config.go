@@ -8,6 +8,7 @@ package llama
 import (
 	"fmt"
 	"math"
+	"strconv"
 
 	"github.com/titan-go/titan/configs"
 )
@@ -157,6 +158,34 @@ func (c Config) NumParams() int64 {
 func (c Config) FLOPsPerToken(seqLen int) float64 {
 	nonEmb := c.NumParams() - int64(c.VocabSize*c.Dim)
 	return 6*float64(nonEmb) + 12*float64(c.NLayers)*float64(c.Dim)*float64(seqLen)
+}
+
+// PassFLOPs is the FLOPs per token of one layer's forward, of its input
+// gradient and of its weight gradient on sequences of T tokens under the
+// checkpointing policy ac (averaged over the layers): the products'
+// input and weight gradients each cost the forward's products; causal
+// attention's forward 2·T·heads·HeadDim and its backward twice that, in
+// the input gradient; the input gradient also reruns the recomputed
+// forward (whole layers under full or every-k checkpointing; wk, wo and
+// w3 under the per-operation policy). Element-wise work is left out.
+func (c Config) PassFLOPs(T int, ac ActivationCheckpoint) (forward, input, weight float64) {
+	D, F := float64(c.Dim), float64(c.FFNHidden())
+	Q, KV := float64(c.NHeads*c.HeadDim()), float64(c.KVHeads()*c.HeadDim())
+	products := 2 * (Q*D + 2*KV*D + D*Q + 3*F*D)
+	attn := 2 * float64(T) * Q
+	forward, weight = products+attn, products
+	input = products + 2*attn
+	switch ac.Mode {
+	case "full":
+		input += forward
+	case "selective":
+		if ac.SelectiveOption == "op" {
+			input += 2 * (KV*D + D*Q + F*D)
+		} else if every, err := strconv.Atoi(ac.SelectiveOption); err == nil && every > 0 {
+			input += forward * float64(c.NLayers/every) / float64(max(c.NLayers, 1))
+		}
+	}
+	return forward, input, weight
 }
 
 // RoPEFrequencies returns the rotation frequency of each of the HeadDim/2

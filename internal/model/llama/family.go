@@ -48,6 +48,11 @@ func (f Family) MaxSeqLen() int { return f.Cfg.MaxSeqLen }
 // FLOPsPerToken implements model.Family.
 func (f Family) FLOPsPerToken(T int) float64 { return f.Cfg.FLOPsPerToken(T) }
 
+// PassFLOPs implements model.Family (see Config.PassFLOPs).
+func (f Family) PassFLOPs(T int) (forward, input, weight float64) {
+	return f.Cfg.PassFLOPs(T, f.Checkpoint)
+}
+
 // Check implements model.Family.
 func (f Family) Check(T, tp, cp int) error { return CheckParallel(f.Cfg, T, tp, cp) }
 
@@ -56,7 +61,7 @@ func (f Family) partPlan(pl model.Placement) Plan {
 	spec := StageSpec(pl.Stage)
 	plan := Plan{
 		TP: pl.TP, TPRank: pl.TPRank, CP: pl.CP, CPRank: pl.CPRank, Stage: &spec,
-		External: true, Checkpoint: f.Checkpoint, LogitChunk: f.LogitChunk, Precision: pl.Precision, Host: pl.Host, Scratch: pl.Scratch,
+		External: true, Checkpoint: f.Checkpoint, LogitChunk: f.LogitChunk, Precision: pl.Precision, Host: pl.Host, Scratch: pl.Scratch, Split: pl.Split,
 	}
 	if max(pl.TP, 1)*max(pl.CP, 1) > 1 {
 		plan.Comm = &tp.Comm{TP: pl.TPGroup, CP: pl.CPGroup}

@@ -100,10 +100,12 @@ type Model struct {
 	keptHN, tempHN   int // the same of bfloat16 activations (see halfAct)
 	scratchLayer     int // layer whose activations the shared scratch set holds; -1: none
 	recomputed       int // layer recomputations so far (for tests)
-	// douts and pending are a split backward's kept output gradients and
+	// douts and pending are a split backward's kept output gradients
+	// (taken from Split from its BackwardInput to its BackwardWeight) and
 	// its deferred weight-gradient products, by unit (see BackwardInput).
-	douts   []layerDouts
-	pending [][]func()
+	douts    []layerDouts
+	pending  [][]func()
+	ownSplit bool // Split is the model's own pool
 	// f8 marks the linear layers that compute in float8 (see linear.go),
 	// f8buf is the float8 emulation's scratch; f8pre holds the scale of
 	// each layer whose bound weight FSDP gathered already cast to e4m3
@@ -125,6 +127,9 @@ func New(be backend.Backend, cfg Config, B, T int, plan Plan) (*Model, error) {
 		return nil, err
 	}
 	m.be = be
+	if m.Split == nil {
+		m.Split, m.ownSplit = &model.SplitPool{}, true
+	}
 	if !plan.External {
 		n := m.LocalSize()
 		m.Params, m.Grads = be.Alloc(backend.Float32, n), be.Alloc(backend.Float32, n)
@@ -221,18 +226,28 @@ func ScratchLen(cfg Config, B, T int, plan Plan) (n, nh int, err error) {
 
 // SplitBytesFor is the memory (bytes) that ReserveSplit adds to a part
 // planned for plan with batches of B×T tokens: the output gradients a
-// split backward keeps (0 when the part cannot split).
+// split backward keeps and its copies of recomputed layers' inputs.
 func SplitBytesFor(cfg Config, B, T int, plan Plan) (int64, error) {
 	m, err := planModel(cfg, B, T, plan)
 	if err != nil {
 		return 0, err
 	}
-	if !m.CanSplit() {
-		return 0, nil
-	}
 	N, D := int64(m.N), int64(cfg.Dim)
 	perLayer := N*D + 2*N*int64(m.f) + N*D + N*int64(m.nq) + 2*N*int64(m.nkvd)
-	return int64(m.nLayers) * perLayer * 4, nil
+	bytes := int64(m.nLayers) * perLayer * 4
+	var a layerActs
+	fields := m.actFields(&a)
+	for l := range m.nLayers {
+		for _, i := range m.splitInputs(l) {
+			f := fields[i]
+			size := int64(4)
+			if f.half && m.halfAct() {
+				size = 2
+			}
+			bytes += int64(f.n) * size
+		}
+	}
+	return bytes, nil
 }
 
 // planModel checks the shapes and returns a model without buffers whose
@@ -427,21 +442,22 @@ func (m *Model) Replicated() []Unit {
 }
 
 // ActivationBytes is the size of the activation memory the model
-// allocated: every layer's kept activations and inputs, the head's, and
-// the output gradients a split backward keeps once one ran; and, unless
-// it shares them through Plan.Scratch (whose owner counts them once,
-// ActivationScratch.Bytes), the scratch set of the recomputed layers
-// (see ActivationCheckpoint), the temporaries and the activation
-// gradients.
+// allocated: every layer's kept activations and inputs and the head's;
+// unless it shares them through Plan.Scratch (whose owner counts them
+// once, ActivationScratch.Bytes), the scratch set of the recomputed
+// layers (see ActivationCheckpoint), the temporaries and the activation
+// gradients; and unless it shares Plan.Split (counted the same way,
+// SplitPool.Bytes), its split backwards' memory.
 func (m *Model) ActivationBytes() int64 {
 	n, h := int64(m.keptN), int64(m.keptHN)
 	if m.Scratch == nil {
 		n, h = n+int64(m.tempN), h+int64(m.tempHN)
 	}
-	for _, o := range m.douts {
-		n += int64(o.ffnOut.Len + o.h1.Len + o.h3.Len + o.attnOut.Len + o.qr.Len + o.kr.Len + o.v.Len)
+	b := n*4 + h*2
+	if m.ownSplit {
+		b += m.Split.Bytes()
 	}
-	return n*4 + h*2
+	return b
 }
 
 // halfAct reports whether the activations that only bfloat16 products
@@ -462,7 +478,8 @@ func (m *Model) halfAct() bool { return m.Precision.BF16() }
 // claim starts a pass on the activation scratch: when it is shared and
 // another model ran a pass on it since this one's last, the recomputed
 // layer this model left there is gone. (BackwardWeight needs no claim: it
-// reads kept memory only, since a split backward keeps every activation.)
+// reads kept memory only, since a split backward copies what it needs of
+// the scratch set.)
 func (m *Model) claim() {
 	if m.Scratch != nil && !m.Scratch.Claim(m) {
 		m.scratchLayer = -1
@@ -802,41 +819,63 @@ func (m *Model) GradInput() backend.Tensor { return m.dres }
 // Replicated).
 func (m *Model) Backward(lossScale float32) error { return m.backward(lossScale, false) }
 
-// CanSplit reports whether BackwardInput defers the weight gradients of
-// the linear layers to BackwardWeight: only when every activation is kept
-// (no activation checkpointing), since the deferred products read the
-// layer inputs after later layers' backward passes ran.
-func (m *Model) CanSplit() bool {
-	return !hasPolicy(m.policy, recomputeLayer) && !hasPolicy(m.policy, recomputeOps)
-}
+// CanSplit reports that BackwardInput defers the weight gradients of the
+// linear layers to BackwardWeight, under every checkpointing policy: the
+// inputs of those products that a recomputed layer holds only in the
+// shared scratch set are copied out before the next recomputation
+// overwrites them (see splitInputs).
+func (m *Model) CanSplit() bool { return true }
 
 // BackwardInput is the first half of a split Backward, the "B" of
 // zero-bubble schedules: it computes the gradient with respect to the
 // input and every gradient except the weight gradients of the linear
 // layers (and, with a single logit chunk, of the output projection),
 // which BackwardWeight computes. It keeps the output gradients of those
-// layers until then: per layer 2·Dim + 2·FFN + (heads + 2·kv heads)·HeadDim
-// floats per local token. When !CanSplit() it runs the whole Backward and
-// BackwardWeight does nothing.
+// layers until then, per layer 2·Dim + 2·FFN + (heads + 2·kv heads)·HeadDim
+// floats per local token, and, for a layer whose activations are
+// recomputed, the inputs the recomputation left in the scratch set.
 func (m *Model) BackwardInput(lossScale float32) error {
-	return m.backward(lossScale, m.CanSplit())
+	return m.backward(lossScale, true)
 }
 
-// ReserveSplit allocates the memory a split backward keeps (see
-// BackwardInput) ahead of the first one, when CanSplit.
-func (m *Model) ReserveSplit() {
-	if m.douts != nil || !m.CanSplit() {
-		return
+// ReserveSplit makes the memory a split backward keeps (see
+// BackwardInput) for n microbatches between their two halves, in the
+// pool the model shares with the stage's other activation sets
+// (Plan.Split), ahead of the first split backward.
+func (m *Model) ReserveSplit(n int) {
+	for m.Split.Len() < n {
+		m.Split.Put(m.newSplit())
 	}
+}
+
+// newSplit makes one split backward's memory and counts it in the pool.
+func (m *Model) newSplit() []layerDouts {
 	be, N, D := m.be, m.N, m.Cfg.Dim
-	a := func(k int) backend.Tensor { return be.Alloc(backend.Float32, k) }
-	m.douts = make([]layerDouts, m.nLayers)
-	for l := range m.douts {
-		m.douts[l] = layerDouts{
-			ffnOut: a(N * D), h1: a(N * m.f), h3: a(N * m.f),
-			attnOut: a(N * D), qr: a(N * m.nq), kr: a(N * m.nkvd), v: a(N * m.nkvd),
+	var bytes int64
+	a := func(dt backend.DType, k int) backend.Tensor {
+		bytes += int64(k) * int64(dt.Size())
+		return be.Alloc(dt, k)
+	}
+	f32 := func(k int) backend.Tensor { return a(backend.Float32, k) }
+	douts := make([]layerDouts, m.nLayers)
+	for l := range douts {
+		o := &douts[l]
+		*o = layerDouts{
+			ffnOut: f32(N * D), h1: f32(N * m.f), h3: f32(N * m.f),
+			attnOut: f32(N * D), qr: f32(N * m.nq), kr: f32(N * m.nkvd), v: f32(N * m.nkvd),
+		}
+		fields := m.actFields(&o.in)
+		for _, i := range m.splitInputs(l) {
+			f := fields[i]
+			dt := backend.Float32
+			if f.half && m.halfAct() {
+				dt = backend.BFloat16
+			}
+			*f.t = a(dt, f.n)
 		}
 	}
+	m.Split.Made(bytes)
+	return douts
 }
 
 // BackwardWeight is the second half of a split Backward, the "W" of
@@ -859,13 +898,40 @@ func (m *Model) BackwardWeight() error {
 			return err
 		}
 	}
+	if m.douts != nil {
+		m.Split.Put(m.douts)
+		m.douts = nil
+	}
 	return nil
 }
 
-// layerDouts are one layer's output gradients of the linear layers that a
-// split backward keeps for BackwardWeight.
+// layerDouts are what a split backward keeps of one layer for
+// BackwardWeight: the output gradients of its linear layers and, when the
+// layer is recomputed, copies of the inputs of those layers that live in
+// the scratch set (in; the views splitInputs lists, the rest unset).
 type layerDouts struct {
 	ffnOut, h1, h3, attnOut, qr, kr, v backend.Tensor
+	in                                 layerActs
+}
+
+// splitInputs lists, by index in actFields' order, the views of layer l's
+// activation set that the deferred weight-gradient products read and
+// that the layer's checkpointing policy leaves in the shared scratch set,
+// where the next layer's recomputation overwrites them before
+// BackwardWeight runs: the norm outputs (inputs of wq, wk, wv, w1 and
+// w3), attention's output (wo's) and the SwiGLU product (w2's). A kept
+// layer lists none.
+func (m *Model) splitInputs(l int) []int {
+	var a layerActs
+	p := m.policy[l]
+	var in []int
+	for i, f := range m.actFields(&a) {
+		read := f.t == &a.attnNorm || f.t == &a.attn || f.t == &a.ffnNorm || f.t == &a.hs
+		if read && (p == recomputeLayer || p == recomputeOps && f.byOps) {
+			in = append(in, i)
+		}
+	}
+	return in
 }
 
 // backward is Backward, with the weight-gradient products of the linear
@@ -878,7 +944,11 @@ func (m *Model) backward(lossScale float32, split bool) error {
 	}
 	m.claim()
 	if split {
-		m.ReserveSplit()
+		if b, ok := m.Split.Get(); ok {
+			m.douts = b.([]layerDouts)
+		} else {
+			m.douts = m.newSplit()
+		}
 		if m.pending == nil {
 			m.pending = make([][]func(), len(m.units))
 		}

@@ -246,3 +246,40 @@ func TestForwardRejectsBadTokens(t *testing.T) {
 }
 
 var _ backend.Backend = (*cpu.Backend)(nil)
+
+// TestPassFLOPs: a layer's forward, input-gradient and weight-gradient
+// FLOPs without checkpointing add up, over the layers, to torchtitan's
+// FLOPsPerToken less its output projection, norms and half its
+// (uncausal) attention term; each policy adds what it recomputes to the
+// input gradient alone.
+func TestPassFLOPs(t *testing.T) {
+	cfg, err := Flavor("8B")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const T = 8192
+	L, D, V := float64(cfg.NLayers), float64(cfg.Dim), float64(cfg.VocabSize)
+	f, i, w := cfg.PassFLOPs(T, ActivationCheckpoint{})
+	want := cfg.FLOPsPerToken(T) - 6*(V*D+(2*L+1)*D) - 6*L*D*T
+	if got := L * (f + i + w); math.Abs(got/want-1) > 1e-12 {
+		t.Errorf("passes sum to %g FLOPs a token, want %g", got, want)
+	}
+	if w >= f || i <= f {
+		t.Errorf("forward %g, input %g, weight %g: want weight < forward < input (attention)", f, i, w)
+	}
+	F, KV := float64(cfg.FFNHidden()), float64(cfg.KVHeads()*cfg.HeadDim())
+	for _, c := range []struct {
+		ac    ActivationCheckpoint
+		extra float64 // recomputed FLOPs in the input gradient
+	}{
+		{ActivationCheckpoint{Mode: "full"}, f},
+		{ActivationCheckpoint{Mode: "selective", SelectiveOption: "2"}, f / 2},
+		{ActivationCheckpoint{Mode: "selective", SelectiveOption: "3"}, f * 10 / 32}, // 10 of 32 layers
+		{ActivationCheckpoint{Mode: "selective", SelectiveOption: "op"}, 2 * (KV*D + D*D + F*D)},
+	} {
+		f2, i2, w2 := cfg.PassFLOPs(T, c.ac)
+		if f2 != f || w2 != w || math.Abs((i2-i)/c.extra-1) > 1e-12 {
+			t.Errorf("%v: forward %g, input %g, weight %g; want %g, %g + %g, %g", c.ac, f2, i2, w2, f, i, c.extra, w)
+		}
+	}
+}

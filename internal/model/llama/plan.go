@@ -38,6 +38,10 @@ type Plan struct {
 	// reserved for the largest of them unless they all have the same
 	// shape (see model.ActivationScratch); nil: the model's own.
 	Scratch *model.ActivationScratch
+	// Split, when set, is the memory of split backwards this model shares
+	// with the stage's other activation sets (see model.SplitPool); nil:
+	// the model's own.
+	Split *model.SplitPool
 	// Stage, when set, restricts the model to one pipeline stage.
 	Stage *StageSpec
 	// LogitChunk bounds how many columns of this rank's vocabulary have

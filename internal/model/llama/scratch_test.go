@@ -12,8 +12,8 @@ import (
 // model.ActivationScratch, run as a pipeline rank interleaves them (both
 // forwards, then both backwards, the backward whole or split), give the
 // losses and gradients of two models with their own scratch run one
-// after the other, bitwise, under every checkpointing policy and with
-// the logits whole or chunked; a set whose recomputed layer another
+// after the other with their backward whole, bitwise, under every
+// checkpointing policy and with the logits whole or chunked; a set whose recomputed layer another
 // set's pass overwrote recomputes it. Each set allocates only what it
 // keeps, the scratch ScratchLen once.
 func TestSetsShareTheScratch(t *testing.T) {
@@ -116,10 +116,13 @@ func TestSetsShareTheScratch(t *testing.T) {
 		{"full chunked", ActivationCheckpoint{Mode: "full"}, 20, false, 4},
 		{"selective 2", ActivationCheckpoint{Mode: "selective", SelectiveOption: "2"}, 0, false, 2},
 		{"selective op", ActivationCheckpoint{Mode: "selective", SelectiveOption: "op"}, 0, false, 4},
+		{"full split", ActivationCheckpoint{Mode: "full"}, 0, true, 4},
+		{"selective 2 chunked split", ActivationCheckpoint{Mode: "selective", SelectiveOption: "2"}, 20, true, 2},
+		{"selective op split", ActivationCheckpoint{Mode: "selective", SelectiveOption: "op"}, 0, true, 4},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			plan := Plan{Checkpoint: c.ac, LogitChunk: c.chunk}
-			want := run(t, plan, false, c.split)
+			want := run(t, plan, false, false) // each set alone, backward whole
 			got := run(t, plan, true, c.split)
 			if got.loss != want.loss {
 				t.Errorf("losses %v, want %v", got.loss, want.loss)

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"fmt"
+	"math"
 	"strings"
 )
 
@@ -59,7 +60,10 @@ func Canonical(name string) (string, error) {
 //     placement (rank r holds stages r and 2pp-1-r), split backward,
 //     ordered by the same greedy rule with at most 2pp stage activations
 //     (half-size stages, so the memory of 1F1B's first rank) per rank.
-func Build(name string, pp, virtual, microbatches int) (Schedule, error) {
+//
+// The greedy rule runs on the stage costs given (equal when zero), as
+// the zero-bubble paper's scheduler does on profiled times.
+func Build(name string, pp, virtual, microbatches int, costs Costs) (Schedule, error) {
 	canon, err := Canonical(name)
 	if err != nil {
 		return Schedule{}, err
@@ -110,7 +114,7 @@ func Build(name string, pp, virtual, microbatches int) (Schedule, error) {
 		}
 		limitI := func(r int) int { return interleavedWarmup(pp, virtual, microbatches, r) + 1 }
 		limitW := func(int) int { return limitI(0) + pp/2 }
-		s, err = greedyZB(pp, virtual, microbatches, LoopPlacement(pp, virtual), limitI, limitW)
+		s, err = greedyZB(pp, virtual, microbatches, LoopPlacement(pp, virtual), limitI, limitW, costs.orDefault())
 	case "ZBVZeroBubble":
 		if err := needVirtual(2); err != nil {
 			return Schedule{}, err
@@ -118,7 +122,7 @@ func Build(name string, pp, virtual, microbatches int) (Schedule, error) {
 		if err := needMB(); err != nil {
 			return Schedule{}, err
 		}
-		s, err = greedyZB(pp, 2, microbatches, VPlacement(pp), func(int) int { return 2 * pp }, func(int) int { return 2 * pp })
+		s, err = greedyZB(pp, 2, microbatches, VPlacement(pp), func(int) int { return 2 * pp }, func(int) int { return 2 * pp }, costs.orDefault())
 	}
 	if err != nil {
 		return Schedule{}, fmt.Errorf("pipeline: %s pp=%d virtual=%d microbatches=%d: %w", canon, pp, virtual, microbatches, err)
@@ -216,31 +220,61 @@ func interleaved(pp, v, m int) Schedule {
 	return s
 }
 
-// greedyZB orders a split-backward schedule by list scheduling with unit
-// costs and no latency: whenever a rank is free it runs, in order of
-// preference, a ready BackwardInput (oldest microbatch first, later stage
-// on ties), a ready Forward (later stage first, each stage's microbatches
-// in order) if fewer than limitW(r) of the rank's forwards await their
-// BackwardWeight and, for the rank's first stage only, fewer than
-// limitI(r) await their BackwardInput, or a ready BackwardWeight (oldest
-// first). Exempting later stages from limitI keeps a rank from filling
-// its quota with first-stage forwards whose later stages it then cannot
-// run. Should the limits ever stall
-// every rank, the first rank with a ready Forward runs it regardless.
-func greedyZB(pp, v, m int, place []int, limitI, limitW func(int) int) (Schedule, error) {
+// Costs are the relative durations of a stage's Forward, BackwardInput
+// and BackwardWeight on one microbatch, for which Build orders the
+// zero-bubble schedules; the zero value means equal costs. (The other
+// schedules' orders do not depend on costs.) A recomputing stage's
+// BackwardInput also reruns its forward, so it costs more than the
+// others, and an order made for equal costs leaves bubbles that do not
+// shrink with more microbatches.
+type Costs struct {
+	Forward, Input, Weight float64
+}
+
+// orDefault returns c, or equal costs for the zero value.
+func (c Costs) orDefault() Costs {
+	if c == (Costs{}) {
+		return Costs{1, 1, 1}
+	}
+	return c
+}
+
+func (c Costs) of(k Kind) float64 {
+	switch k {
+	case Forward:
+		return c.Forward
+	case BackwardInput:
+		return c.Input
+	case BackwardWeight:
+		return c.Weight
+	}
+	return c.Input + c.Weight
+}
+
+// greedyZB orders a split-backward schedule by list scheduling with the
+// given costs and no latency: whenever a rank is free it runs, in order
+// of preference, a ready BackwardInput (oldest microbatch first, later
+// stage on ties), a ready Forward (later stage first, each stage's
+// microbatches in order) if fewer than limitW(r) of the rank's forwards
+// await their BackwardWeight and, for the rank's first stage only, fewer
+// than limitI(r) await their BackwardInput, or a ready BackwardWeight
+// (oldest first). Exempting later stages from limitI keeps a rank from
+// filling its quota with first-stage forwards whose later stages it then
+// cannot run. Should the limits ever stall every rank, the first rank
+// with a ready Forward runs it regardless.
+func greedyZB(pp, v, m int, place []int, limitI, limitW func(int) int, costs Costs) (Schedule, error) {
 	s := newSchedule(pp, v, m, place)
 	S := pp * v
-	const never = -1
-	var end [numKinds][]int // end tick of each (kind, stage, mb), or never
+	never := math.Inf(1)
+	var end [numKinds][]float64 // end time of each (kind, stage, mb), or never
 	for k := range end {
-		end[k] = make([]int, S*m)
+		end[k] = make([]float64, S*m)
 		for x := range end[k] {
 			end[k][x] = never
 		}
 	}
-	ready := func(k Kind, st, i, t int) bool {
-		e := end[k][st*m+i]
-		return e != never && e <= t
+	ready := func(k Kind, st, i int, t float64) bool {
+		return end[k][st*m+i] <= t
 	}
 	stages := make([][]int, pp)
 	for r := range pp {
@@ -248,12 +282,13 @@ func greedyZB(pp, v, m int, place []int, limitI, limitW func(int) int) (Schedule
 	}
 	held := make([]int, pp)    // F done, W not
 	pending := make([]int, pp) // F done, I not
-	busy := make([]int, pp)
+	busy := make([]float64, pp)
 	left := 3 * S * m
-	relax := false // ignore the forward limits for one tick
-	for t := 0; left > 0; t++ {
-		if t > 6*S*m+S {
-			return Schedule{}, fmt.Errorf("greedy ordering made no progress by tick %d", t)
+	relax := false // ignore the forward limits for one pass
+	t := 0.0
+	for events := 0; left > 0; events++ {
+		if events > 6*S*m+S {
+			return Schedule{}, fmt.Errorf("greedy ordering made no progress by time %g", t)
 		}
 		ran, running := false, false
 		for r := range pp {
@@ -312,8 +347,8 @@ func greedyZB(pp, v, m int, place []int, limitI, limitW func(int) int) (Schedule
 			case BackwardWeight:
 				held[r]--
 			}
-			end[best.Kind][best.Stage*m+best.Microbatch] = t + 1
-			busy[r] = t + 1
+			end[best.Kind][best.Stage*m+best.Microbatch] = t + costs.of(best.Kind)
+			busy[r] = t + costs.of(best.Kind)
 			s.Actions[r] = append(s.Actions[r], best)
 			left--
 			ran = true
@@ -327,7 +362,17 @@ func greedyZB(pp, v, m int, place []int, limitI, limitW func(int) int) (Schedule
 			// the forwards the pending backwards wait for. Let the
 			// first rank with a ready forward exceed its limit once.
 			relax = true
-			t--
+			continue
+		}
+		// The next time a rank comes free (readiness changes only then).
+		next := never
+		for _, b := range busy {
+			if b > t && b < next {
+				next = b
+			}
+		}
+		if next < never {
+			t = next
 		}
 	}
 	return s, nil

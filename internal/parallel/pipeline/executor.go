@@ -26,8 +26,9 @@ type Stage interface {
 	Backward(scale float32) error
 	BackwardInput(scale float32) error
 	BackwardWeight() error
-	// ReserveSplit allocates the memory a split backward keeps.
-	ReserveSplit()
+	// ReserveSplit allocates the memory n split backwards keep between
+	// their halves, shared by the stage's sets.
+	ReserveSplit(n int)
 	Input() backend.Tensor
 	Output() backend.Tensor
 	GradOutput() backend.Tensor
@@ -99,12 +100,13 @@ var ctx = context.Background()
 
 // ActivationSets returns, for each stage rank holds, the number of
 // activation sets its list needs at its peak (microbatches whose forward
-// ran and whose backward has not finished; at least 1), and whether the
-// list splits backwards (BackwardInput, which keeps output gradients
-// until BackwardWeight). NewExecutor allocates exactly these; memory
-// planning counts them.
-func (s Schedule) ActivationSets(rank int) (peak map[int]int, split bool) {
-	live := map[int]int{}
+// ran and whose backward has not finished; at least 1), and, for a list
+// that splits backwards, the peak number of microbatches between their
+// BackwardInput and their BackwardWeight (whose output gradients the
+// stage keeps meanwhile; nil when the list does not split). NewExecutor
+// allocates exactly these; memory planning counts them.
+func (s Schedule) ActivationSets(rank int) (peak, split map[int]int) {
+	live, held := map[int]int{}, map[int]int{}
 	peak = map[int]int{}
 	for _, st := range s.Stages(rank) {
 		peak[st] = 1
@@ -112,12 +114,19 @@ func (s Schedule) ActivationSets(rank int) (peak map[int]int, split bool) {
 	for _, a := range s.Actions[rank] {
 		switch a.Kind {
 		case BackwardInput:
-			split = true
+			if split == nil {
+				split = map[int]int{}
+			}
+			held[a.Stage]++
+			split[a.Stage] = max(split[a.Stage], held[a.Stage])
 		case Forward:
 			live[a.Stage]++
 			peak[a.Stage] = max(peak[a.Stage], live[a.Stage])
-		case Backward, BackwardWeight:
+		case Backward:
 			live[a.Stage]--
+		case BackwardWeight:
+			live[a.Stage]--
+			held[a.Stage]--
 		}
 	}
 	return peak, split
@@ -126,8 +135,9 @@ func (s Schedule) ActivationSets(rank int) (peak map[int]int, split bool) {
 // NewExecutor builds the executor of pipeline rank rank (its place in
 // group, nil for a pipeline of one rank), creating with newSet the
 // activation sets of each of its stages that the schedule needs at its
-// peak (and reserving the split backward's memory when the schedule
-// splits backwards).
+// peak and, when the schedule splits backwards, reserving through the
+// stage's first set the split backward's memory for as many microbatches
+// as are ever between their two halves (which a stage's sets share).
 func NewExecutor(be backend.Backend, s Schedule, group comm.Group, rank int, newSet func(stage int) (Stage, error)) (*Executor, error) {
 	x := &Executor{Sched: s, Rank: rank, group: group, be: be,
 		sets: map[int][]Stage{}, free: map[int][]Stage{}, live: map[[2]int]Stage{}, mail: map[msgKey][]float32{}}
@@ -138,10 +148,10 @@ func NewExecutor(be backend.Backend, s Schedule, group comm.Group, rank int, new
 			if err != nil {
 				return nil, fmt.Errorf("pipeline stage %d: %w", st, err)
 			}
-			if split {
-				set.ReserveSplit()
-			}
 			x.sets[st] = append(x.sets[st], set)
+		}
+		if split[st] > 0 {
+			x.sets[st][0].ReserveSplit(split[st])
 		}
 		x.free[st] = append([]Stage(nil), x.sets[st]...)
 	}

@@ -61,7 +61,7 @@ func (s *addStage) Backward(scale float32) error {
 }
 func (s *addStage) BackwardInput(scale float32) error { return s.Backward(scale) }
 func (s *addStage) BackwardWeight() error             { return nil }
-func (s *addStage) ReserveSplit()                     {}
+func (s *addStage) ReserveSplit(int)                  {}
 func (s *addStage) Input() backend.Tensor             { return s.in }
 func (s *addStage) Output() backend.Tensor            { return s.out }
 func (s *addStage) GradOutput() backend.Tensor        { return s.gout }
@@ -80,7 +80,7 @@ func TestExecutorReusesTransferBuffers(t *testing.T) {
 		pp, v, m int
 	}{{"GPipe", 2, 1, 4}, {"1F1B", 2, 1, 8}, {"Interleaved1F1B", 2, 2, 8}, {"ZBVZeroBubble", 2, 2, 4}, {"InterleavedZeroBubble", 2, 2, 4}} {
 		t.Run(c.name, func(t *testing.T) {
-			s, err := Build(c.name, c.pp, c.v, c.m)
+			s, err := Build(c.name, c.pp, c.v, c.m, Costs{})
 			if err != nil {
 				t.Fatal(err)
 			}

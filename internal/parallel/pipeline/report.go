@@ -65,7 +65,7 @@ func Report(names []string, pp, v, m int) (string, error) {
 		case "ZBVZeroBubble":
 			vv = 2
 		}
-		s, err := Build(canon, pp, vv, m)
+		s, err := Build(canon, pp, vv, m, Costs{})
 		if err != nil {
 			return "", err
 		}
