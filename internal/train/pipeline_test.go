@@ -155,7 +155,7 @@ func TestPipelineTrainsAndValidatesLikeOneProcess(t *testing.T) {
 
 // BenchmarkPipelineBubble measures each schedule's bubble on two
 // in-process pipeline ranks (8 microbatches of one sequence of 64 tokens
-// of tiny_bench) and reports it next to pipeline.Theoretical: the
+// of tiny_bench), without and with full activation checkpointing, and reports it next to pipeline.Theoretical: the
 // "bubble" metric is 1 - (compute time summed over ranks)/(step time
 // summed over ranks), averaged over the steps run; "simulated" is the
 // schedule's simulated bubble (pipeline.Schedule.Simulate, no latency)
@@ -163,10 +163,13 @@ func TestPipelineTrainsAndValidatesLikeOneProcess(t *testing.T) {
 // "theory" the unit-cost formula.
 func BenchmarkPipelineBubble(b *testing.B) {
 	job := testJob(&testing.T{}, b.TempDir(), 1)
-	for _, sched := range []string{"GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"} {
-		b.Run(sched, func(b *testing.B) {
+	for _, c := range []struct{ sched, ac string }{
+		{"GPipe", "none"}, {"1F1B", "none"}, {"Interleaved1F1B", "none"}, {"InterleavedZeroBubble", "none"}, {"ZBVZeroBubble", "none"},
+		{"1F1B", "full"}, {"Interleaved1F1B", "full"}, {"InterleavedZeroBubble", "full"}, {"ZBVZeroBubble", "full"},
+	} {
+		b.Run(c.sched+"/ac="+c.ac, func(b *testing.B) {
 			sets := append(pipelineSets(job, 1000), "training.seq_len=64", "training.local_batch_size=8", "validation.enable=false",
-				"parallelism.pipeline_parallel_degree=2", "parallelism.pipeline_parallel_schedule="+sched)
+				"parallelism.pipeline_parallel_degree=2", "parallelism.pipeline_parallel_schedule="+c.sched, "activation_checkpoint.mode="+c.ac)
 			_, all := pipelineTrainers(b, 2, sets...)
 			all(func(tr *Trainer) error { _, _, _, err := tr.TrainStep(); return err }) // warm-up
 			var sum, sim, th float64

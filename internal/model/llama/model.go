@@ -224,29 +224,20 @@ func ScratchLen(cfg Config, B, T int, plan Plan) (n, nh int, err error) {
 	return m.tempN, m.tempHN, nil
 }
 
-// SplitBytesFor is the memory (bytes) that ReserveSplit adds to a part
-// planned for plan with batches of B×T tokens: the output gradients a
-// split backward keeps and its copies of recomputed layers' inputs.
+// SplitBytesFor is the memory (bytes) of one split backward of a part
+// planned for plan with batches of B×T tokens (ReserveSplit(n) makes n):
+// the output gradients it keeps and its copies of recomputed layers'
+// inputs (splitBuffers).
 func SplitBytesFor(cfg Config, B, T int, plan Plan) (int64, error) {
 	m, err := planModel(cfg, B, T, plan)
 	if err != nil {
 		return 0, err
 	}
-	N, D := int64(m.N), int64(cfg.Dim)
-	perLayer := N*D + 2*N*int64(m.f) + N*D + N*int64(m.nq) + 2*N*int64(m.nkvd)
-	bytes := int64(m.nLayers) * perLayer * 4
-	var a layerActs
-	fields := m.actFields(&a)
-	for l := range m.nLayers {
-		for _, i := range m.splitInputs(l) {
-			f := fields[i]
-			size := int64(4)
-			if f.half && m.halfAct() {
-				size = 2
-			}
-			bytes += int64(f.n) * size
-		}
-	}
+	var bytes int64
+	m.splitBuffers(func(dt backend.DType, k int) backend.Tensor {
+		bytes += int64(k) * int64(dt.Size())
+		return backend.Tensor{}
+	})
 	return bytes, nil
 }
 
@@ -850,13 +841,21 @@ func (m *Model) ReserveSplit(n int) {
 
 // newSplit makes one split backward's memory and counts it in the pool.
 func (m *Model) newSplit() []layerDouts {
-	be, N, D := m.be, m.N, m.Cfg.Dim
 	var bytes int64
-	a := func(dt backend.DType, k int) backend.Tensor {
+	douts := m.splitBuffers(func(dt backend.DType, k int) backend.Tensor {
 		bytes += int64(k) * int64(dt.Size())
-		return be.Alloc(dt, k)
-	}
-	f32 := func(k int) backend.Tensor { return a(backend.Float32, k) }
+		return m.be.Alloc(dt, k)
+	})
+	m.Split.Made(bytes)
+	return douts
+}
+
+// splitBuffers lays out one split backward's memory with alloc: per layer
+// the output gradients of the linear layers, and the copies of the
+// inputs splitInputs lists.
+func (m *Model) splitBuffers(alloc func(dt backend.DType, k int) backend.Tensor) []layerDouts {
+	N, D := m.N, m.Cfg.Dim
+	f32 := func(k int) backend.Tensor { return alloc(backend.Float32, k) }
 	douts := make([]layerDouts, m.nLayers)
 	for l := range douts {
 		o := &douts[l]
@@ -871,10 +870,9 @@ func (m *Model) newSplit() []layerDouts {
 			if f.half && m.halfAct() {
 				dt = backend.BFloat16
 			}
-			*f.t = a(dt, f.n)
+			*f.t = alloc(dt, f.n)
 		}
 	}
-	m.Split.Made(bytes)
 	return douts
 }
 
