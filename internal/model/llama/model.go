@@ -942,10 +942,14 @@ func (m *Model) backward(lossScale float32, split bool) error {
 	}
 	m.claim()
 	if split {
-		if b, ok := m.Split.Get(); ok {
-			m.douts = b.([]layerDouts)
-		} else {
-			m.douts = m.newSplit()
+		// The split backward's memory, from the stage's pool until
+		// BackwardWeight returns it.
+		if m.douts == nil {
+			if b, ok := m.Split.Get(); ok {
+				m.douts = b.([]layerDouts)
+			} else {
+				m.douts = m.newSplit()
+			}
 		}
 		if m.pending == nil {
 			m.pending = make([][]func(), len(m.units))

@@ -71,6 +71,11 @@ func Build(name string, pp, virtual, microbatches int, costs Costs) (Schedule, e
 	if pp < 1 || virtual < 1 || microbatches < 1 {
 		return Schedule{}, fmt.Errorf("pipeline: %s: pp=%d, virtual=%d, microbatches=%d must all be >= 1", canon, pp, virtual, microbatches)
 	}
+	for _, c := range []float64{costs.Forward, costs.Input, costs.Weight} {
+		if !(c >= 0) || math.IsInf(c, 1) {
+			return Schedule{}, fmt.Errorf("pipeline: %s: stage costs %+v must be finite and non-negative", canon, costs)
+		}
+	}
 	needVirtual := func(want int) error {
 		if virtual != want {
 			return fmt.Errorf("pipeline: %s needs virtual=%d stages per rank, got %d", canon, want, virtual)
@@ -287,7 +292,9 @@ func greedyZB(pp, v, m int, place []int, limitI, limitW func(int) int, costs Cos
 	relax := false // ignore the forward limits for one pass
 	t := 0.0
 	for events := 0; left > 0; events++ {
-		if events > 6*S*m+S {
+		// Each pass runs an action, moves to the next completion or
+		// relaxes the limits for the next pass: at most three per action.
+		if events > 9*S*m+S {
 			return Schedule{}, fmt.Errorf("greedy ordering made no progress by time %g", t)
 		}
 		ran, running := false, false

@@ -134,6 +134,11 @@ func TestBuildErrors(t *testing.T) {
 			t.Errorf("Build(%q, %d, %d, %d) = %v, want error containing %q", tc.name, tc.pp, tc.v, tc.m, err, tc.wantInErr)
 		}
 	}
+	for _, c := range []Costs{{1, -1, 1}, {math.NaN(), 1, 1}, {1, 1, math.Inf(1)}} {
+		if _, err := Build("ZBVZeroBubble", 4, 2, 8, c); err == nil || !strings.Contains(err.Error(), "finite and non-negative") {
+			t.Errorf("Build(ZBVZeroBubble, costs %+v) = %v, want a refusal of the costs", c, err)
+		}
+	}
 	for _, name := range []string{"gpipe", "1f1b", "INTERLEAVED1F1B", "zbv", "ZBH1", "loopedbfs"} {
 		if _, err := Canonical(name); err != nil {
 			t.Errorf("Canonical(%q): %v", name, err)
