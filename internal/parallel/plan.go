@@ -19,15 +19,19 @@ type PipelinePlan struct {
 	MicrobatchRows int
 }
 
-// String describes the plan: the schedule, the stages' layers and the
-// microbatches.
+// String describes the plan: the schedule, the stages' layers, the
+// microbatches and the costs a zero-bubble order was made for.
 func (p PipelinePlan) String() string {
 	layers := make([]string, len(p.Stages))
 	for i, s := range p.Stages {
 		layers[i] = strconv.Itoa(s.NumLayers)
 	}
 	sc := p.Schedule
-	return fmt.Sprintf("%s on %d ranks: %d stages of %s layers (%d per rank), %d microbatches of %d", sc.Name, sc.PP, len(p.Stages), strings.Join(layers, ", "), sc.Virtual, sc.Microbatches, p.MicrobatchRows)
+	s := fmt.Sprintf("%s on %d ranks: %d stages of %s layers (%d per rank), %d microbatches of %d", sc.Name, sc.PP, len(p.Stages), strings.Join(layers, ", "), sc.Virtual, sc.Microbatches, p.MicrobatchRows)
+	if c := sc.Costs; c.Forward > 0 {
+		s += fmt.Sprintf(", ordered for a stage's forward : input gradient : weight gradient = 1 : %.2f : %.2f", c.Input/c.Forward, c.Weight/c.Forward)
+	}
+	return s
 }
 
 // PipelineSettings are the recipe's pipeline-parallel keys

@@ -133,6 +133,9 @@ func Build(name string, pp, virtual, microbatches int, costs Costs) (Schedule, e
 		return Schedule{}, fmt.Errorf("pipeline: %s pp=%d virtual=%d microbatches=%d: %w", canon, pp, virtual, microbatches, err)
 	}
 	s.Name = canon
+	if canon == "InterleavedZeroBubble" || canon == "ZBVZeroBubble" {
+		s.Costs = costs.orDefault()
+	}
 	return s, nil
 }
 
