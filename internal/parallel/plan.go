@@ -27,9 +27,9 @@ func (p PipelinePlan) String() string {
 		layers[i] = strconv.Itoa(s.NumLayers)
 	}
 	sc := p.Schedule
-	s := fmt.Sprintf("%s on %d ranks: %d stages of %s layers (%d per rank), %d microbatches of %d", sc.Name, sc.PP, len(p.Stages), strings.Join(layers, ", "), sc.Virtual, sc.Microbatches, p.MicrobatchRows)
+	s := fmt.Sprintf("%s on %d ranks: %d stages of %s layers (%d stages per rank), %d microbatches of %d", sc.Name, sc.PP, len(p.Stages), strings.Join(layers, ", "), sc.Virtual, sc.Microbatches, p.MicrobatchRows)
 	if c := sc.Costs; c.Forward > 0 {
-		s += fmt.Sprintf(", ordered for a stage's forward : input gradient : weight gradient = 1 : %.2f : %.2f", c.Input/c.Forward, c.Weight/c.Forward)
+		s += fmt.Sprintf(", ordered for a layer's forward : input gradient : weight gradient = 1 : %.2f : %.2f", c.Input/c.Forward, c.Weight/c.Forward)
 	}
 	return s
 }
@@ -104,6 +104,9 @@ func PlanPipeline(numLayers, localBatch int, p PipelineSettings) (PipelinePlan, 
 		if S != pp {
 			return PipelinePlan{}, fmt.Errorf("parallelism: %s runs one stage per rank, but pipeline_parallel_layers_per_stage gives %d stages for pipeline_parallel_degree %d", name, S, pp)
 		}
+	}
+	if name == "ZBVZeroBubble" && S != 2*pp {
+		return PipelinePlan{}, fmt.Errorf("parallelism: %s runs two stages per rank, but pipeline_parallel_layers_per_stage gives %d stages for pipeline_parallel_degree %d", name, S, pp)
 	}
 	counts, err := splitLayers(numLayers, S, in, out)
 	if err != nil {

@@ -41,7 +41,7 @@ func TestSplitLayers(t *testing.T) {
 
 // TestPlanPipeline checks the stage count and the stage specs.
 func TestPlanPipeline(t *testing.T) {
-	four := 4
+	one, four := 1, 4
 	for _, c := range []struct {
 		name string
 		s    PipelineSettings
@@ -53,6 +53,7 @@ func TestPlanPipeline(t *testing.T) {
 		{"ZBV", PipelineSettings{Degree: 2, Schedule: "ZBVZeroBubble", FirstLessLayers: 1, LastLessLayers: 1, MicrobatchSize: 1}, []int{2, 3, 2, 1}, ""},
 		{"layers per stage", PipelineSettings{Degree: 2, Schedule: "Interleaved1F1B", LayersPerStage: &four, MicrobatchSize: 1}, nil, "virtual >= 2"},
 		{"bad microbatch", PipelineSettings{Degree: 2, Schedule: "1F1B", MicrobatchSize: 3}, nil, "pipeline_parallel_microbatch_size"},
+		{"ZBV with 4 stages a rank", PipelineSettings{Degree: 2, Schedule: "ZBVZeroBubble", LayersPerStage: &one, MicrobatchSize: 1}, nil, "ZBVZeroBubble runs two stages per rank, but pipeline_parallel_layers_per_stage gives 8 stages"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			p, err := PlanPipeline(8, 4, c.s)
