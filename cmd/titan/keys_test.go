@@ -336,7 +336,7 @@ var keyTable = map[string]keyCheck{
 		h.logDiffers(t, `3 sequences × 16 tokens`, "training.local_batch_size=3")
 	}},
 	"training.global_batch_size": {check: func(t *testing.T, h *keysHarness) {
-		h.logDiffers(t, `\(2 microbatches of 2`, "training.global_batch_size=4")
+		h.logDiffers(t, `\(2 accumulated local batches of 2`, "training.global_batch_size=4")
 	}},
 	"training.seq_len": {check: func(t *testing.T, h *keysHarness) {
 		h.logDiffers(t, `× 24 tokens`, "training.seq_len=24")
@@ -348,7 +348,7 @@ var keyTable = map[string]keyCheck{
 		}
 	}},
 	"training.gradient_accumulation_steps": {check: func(t *testing.T, h *keysHarness) {
-		h.logDiffers(t, `\(3 microbatches of 2`, "training.gradient_accumulation_steps=3")
+		h.logDiffers(t, `\(3 accumulated local batches of 2`, "training.gradient_accumulation_steps=3")
 	}},
 	"training.seed": {check: func(t *testing.T, h *keysHarness) { h.differs(t, "loss", "training.seed=7") }},
 	"training.deterministic": {check: func(t *testing.T, h *keysHarness) {
