@@ -28,10 +28,45 @@ func (p PipelinePlan) String() string {
 	}
 	sc := p.Schedule
 	s := fmt.Sprintf("%s on %d ranks: %d stages of %s layers (%d stages per rank), %d microbatches of %d", sc.Name, sc.PP, len(p.Stages), strings.Join(layers, ", "), sc.Virtual, sc.Microbatches, p.MicrobatchRows)
+	if per := p.rankLayers(); per != "" {
+		s += ", " + per
+	}
 	if c := sc.Costs; c.Forward > 0 {
 		s += fmt.Sprintf(", ordered for a layer's forward : input gradient : weight gradient = 1 : %.2f : %.2f", c.Input/c.Forward, c.Weight/c.Forward)
 	}
 	return s
+}
+
+// rankLayers lists the layers each rank holds (with the embedding and
+// the head where it holds them) when the ranks' layer counts differ, as
+// the V placement makes them with the first and last stages lighter;
+// "" when every rank holds as many.
+func (p PipelinePlan) rankLayers() string {
+	sc := p.Schedule
+	if len(p.Stages) != len(sc.StageRank) {
+		return ""
+	}
+	parts := make([]string, sc.PP)
+	counts := map[int]bool{}
+	for r := range sc.PP {
+		n, extra := 0, ""
+		for _, st := range sc.Stages(r) {
+			spec := p.Stages[st]
+			n += spec.NumLayers
+			if spec.Embedding {
+				extra += " + embedding"
+			}
+			if spec.Head {
+				extra += " + head"
+			}
+		}
+		counts[n] = true
+		parts[r] = strconv.Itoa(n) + extra
+	}
+	if len(counts) < 2 {
+		return ""
+	}
+	return "layers by rank: " + strings.Join(parts, "; ")
 }
 
 // PipelineSettings are the recipe's pipeline-parallel keys

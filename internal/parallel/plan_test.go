@@ -81,3 +81,25 @@ func TestPlanPipeline(t *testing.T) {
 		})
 	}
 }
+
+// TestPipelinePlanString: the plan's description lists the layers by rank
+// when they differ (ZBV's V placement puts both light end stages on rank
+// 0) and not when they agree.
+func TestPipelinePlanString(t *testing.T) {
+	for _, c := range []struct {
+		schedule string
+		want     string
+		absent   bool
+	}{
+		{"ZBVZeroBubble", "layers by rank: 2 + embedding + head; 4", false},
+		{"1F1B", "layers by rank", true},
+	} {
+		p, err := PlanPipeline(6, 4, PipelineSettings{Degree: 2, Schedule: c.schedule, FirstLessLayers: 1, LastLessLayers: 1, MicrobatchSize: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := p.String(); strings.Contains(got, c.want) == c.absent {
+			t.Errorf("%s: %q, want it %s %q", c.schedule, got, map[bool]string{false: "to contain", true: "not to contain"}[c.absent], c.want)
+		}
+	}
+}
