@@ -148,6 +148,10 @@ func runCalibrate(cmd *cobra.Command, ref, calPath string, nprocs []int) error {
 	if err != nil {
 		return err
 	}
+	path, err := plan.CalibrationPath(calPath) // before a minute of measuring
+	if err != nil {
+		return err
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return err
@@ -155,12 +159,6 @@ func runCalibrate(cmd *cobra.Command, ref, calPath string, nprocs []int) error {
 	cal, err := plan.CalibrateCPU(cmd.Context(), c, plan.CalibrateOptions{Exe: exe, NProcs: nprocs, Log: cmd.ErrOrStderr()})
 	if err != nil {
 		return err
-	}
-	path := calPath
-	if path == "" {
-		if path, err = plan.DefaultCalibrationPath(); err != nil {
-			return err
-		}
 	}
 	if err := cal.Save(path); err != nil {
 		return err

@@ -193,10 +193,14 @@ func abs(x int) int {
 	return x
 }
 
-// DefaultCalibrationPath is where titan plan --calibrate writes and plan
-// reads this machine's calibration: $TITAN_PLAN_CALIBRATION when set,
-// else plan-calibration.json in titan's folder of the user's cache.
-func DefaultCalibrationPath() (string, error) {
+// CalibrationPath is where titan plan --calibrate writes and plan reads
+// this machine's calibration: given (--calibration) when set, else
+// $TITAN_PLAN_CALIBRATION when set, else plan-calibration.json in
+// titan's folder of the user's cache.
+func CalibrationPath(given string) (string, error) {
+	if given != "" {
+		return given, nil
+	}
 	if p := os.Getenv("TITAN_PLAN_CALIBRATION"); p != "" {
 		return p, nil
 	}

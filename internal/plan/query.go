@@ -165,9 +165,9 @@ func (c Candidate) json() JSONPrediction {
 
 // LoadCluster loads cluster ref (a name from configs/clusters, a .toml
 // path, or ThisMachine) with its calibration: for a CPU host the file
-// `titan plan --calibrate` wrote (calPath, or DefaultCalibrationPath when
-// empty), which must have been made on that host; for a GPU cluster the
-// published reference row (CalibrateGPU).
+// `titan plan --calibrate` wrote (CalibrationPath(calPath)), which must
+// have been made on that host; for a GPU cluster the published reference
+// row (CalibrateGPU).
 func LoadCluster(ref, calPath string) (cluster.Cluster, Calibration, error) {
 	if ref == "" {
 		return cluster.Cluster{}, Calibration{}, fmt.Errorf("--cluster: give one of %v, %q or a .toml path", cluster.Names(), ThisMachine)
@@ -186,12 +186,9 @@ func LoadCluster(ref, calPath string) (cluster.Cluster, Calibration, error) {
 			return c, cal, err
 		}
 	}
-	path := calPath
-	if path == "" {
-		var err error
-		if path, err = DefaultCalibrationPath(); err != nil {
-			return cluster.Cluster{}, Calibration{}, err
-		}
+	path, err := CalibrationPath(calPath)
+	if err != nil {
+		return cluster.Cluster{}, Calibration{}, err
 	}
 	cal, err := LoadCalibration(path)
 	if errors.Is(err, fs.ErrNotExist) {

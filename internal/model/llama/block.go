@@ -143,7 +143,7 @@ func (m *Model) layerBackward(l, u int, split bool) error {
 	inputs := *a
 	if split {
 		src, dst := m.actFields(&inputs), m.actFields(&o.in)
-		for _, i := range m.splitInputs(l) {
+		for _, i := range m.splitIn[l] {
 			*src[i].t = keep(*dst[i].t, *src[i].t)
 		}
 	}

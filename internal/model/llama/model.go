@@ -105,7 +105,8 @@ type Model struct {
 	// its deferred weight-gradient products, by unit (see BackwardInput).
 	douts    []layerDouts
 	pending  [][]func()
-	ownSplit bool // Split is the model's own pool
+	ownSplit bool    // Split is the model's own pool
+	splitIn  [][]int // splitInputs of each layer
 	// f8 marks the linear layers that compute in float8 (see linear.go),
 	// f8buf is the float8 emulation's scratch; f8pre holds the scale of
 	// each layer whose bound weight FSDP gathered already cast to e4m3
@@ -310,6 +311,10 @@ func planModel(cfg Config, B, T int, plan Plan) (*Model, error) {
 		}
 	}
 	m.carve(count(&m.keptN), count(&m.tempN), count(&m.keptHN), count(&m.tempHN))
+	m.splitIn = make([][]int, m.nLayers)
+	for l := range m.splitIn {
+		m.splitIn[l] = m.splitInputs(l)
+	}
 	return m, nil
 }
 
@@ -864,7 +869,7 @@ func (m *Model) splitBuffers(alloc func(dt backend.DType, k int) backend.Tensor)
 			attnOut: f32(N * D), qr: f32(N * m.nq), kr: f32(N * m.nkvd), v: f32(N * m.nkvd),
 		}
 		fields := m.actFields(&o.in)
-		for _, i := range m.splitInputs(l) {
+		for _, i := range m.splitIn[l] {
 			f := fields[i]
 			dt := backend.Float32
 			if f.half && m.halfAct() {
