@@ -625,11 +625,19 @@ func estimatePipeline(plan Plan) ([]Report, error) {
 	return out, nil
 }
 
-// pipelineKey identifies a resolved pipeline.
+// pipelineKey identifies a resolved pipeline: the settings (less the
+// costs function, which is not comparable) and what the stage costs
+// derive from.
 type pipelineKey struct {
-	layers, batch int
-	s             parallel.PipelineSettings
-	lps           int // *s.LayersPerStage, -1 when unset
+	layers, batch  int
+	degree         int
+	schedule       string
+	lps            int // *LayersPerStage, -1 when unset
+	first, last    int
+	microbatchRows int
+	model          llama.Config
+	ac             llama.ActivationCheckpoint
+	seqLen         int
 }
 
 type pipelineVal struct {
@@ -647,20 +655,24 @@ var pipelines sync.Map
 // stage of the whole model without Pipeline or pipeline parallelism.
 func (p Plan) ResolvePipeline() (parallel.PipelinePlan, error) {
 	k := pipelineKey{layers: p.Model.NLayers, batch: p.Batch, lps: -1}
-	if p.Pipeline != nil && p.Degrees.PP > 1 {
-		k.s = *p.Pipeline
-		k.s.Costs = parallel.PassCosts(llama.Family{Cfg: p.Model, Checkpoint: llamaPlan(p, nil).Checkpoint}, p.SeqLen)
-		if k.s.LayersPerStage != nil {
-			k.lps = *k.s.LayersPerStage
+	if ps := p.Pipeline; ps != nil && p.Degrees.PP > 1 {
+		k.degree, k.schedule, k.first, k.last, k.microbatchRows = p.Degrees.PP, ps.Schedule, ps.FirstLessLayers, ps.LastLessLayers, ps.MicrobatchSize
+		if ps.LayersPerStage != nil {
+			k.lps = *ps.LayersPerStage
 		}
-		k.s.LayersPerStage = nil
-		k.s.Degree = p.Degrees.PP
+		k.model, k.ac, k.seqLen = p.Model, llamaPlan(p, nil).Checkpoint, p.SeqLen
 	}
 	if v, ok := pipelines.Load(k); ok {
 		v := v.(pipelineVal)
 		return v.p, v.err
 	}
-	s := k.s
+	var s parallel.PipelineSettings
+	if k.degree > 1 {
+		s = parallel.PipelineSettings{
+			Degree: k.degree, Schedule: k.schedule, FirstLessLayers: k.first, LastLessLayers: k.last, MicrobatchSize: k.microbatchRows,
+			Costs: parallel.PassCosts(llama.Family{Cfg: k.model, Checkpoint: k.ac}, k.seqLen),
+		}
+	}
 	if k.lps >= 0 {
 		lps := k.lps
 		s.LayersPerStage = &lps

@@ -153,12 +153,13 @@ type Family interface {
 	// FLOPsPerToken is the training FLOPs (forward and backward) per
 	// token of sequences of T tokens, for MFU.
 	FLOPsPerToken(T int) float64
-	// PassFLOPs is the FLOPs per token of one layer's forward, of its
+	// PassFLOPs is the FLOPs per token of stage s's forward, of its
 	// input gradient (with what activation checkpointing recomputes) and
 	// of its weight gradient (0 when the backward cannot split: the input
 	// gradient is then the whole backward), for sequences of T tokens:
-	// the costs a zero-bubble pipeline schedule is ordered for.
-	PassFLOPs(T int) (forward, input, weight float64)
+	// its layers' and its head's products and attention, the costs a
+	// pipeline schedule is ordered and simulated for.
+	PassFLOPs(T int, s StageSpec) (forward, input, weight float64)
 	// Check reports why the model cannot train sequences of T tokens
 	// with tensor parallel degree tp and context parallel degree cp.
 	Check(T, tp, cp int) error

@@ -72,14 +72,14 @@ type PipelineStep struct {
 	// F, B and W are the mean times (seconds) of a forward, a backward
 	// (or its input half) and a weight-gradient action.
 	F, B, W float64
-	// Simulated is the schedule's simulated bubble with those costs, and
-	// Theory the unit-cost formula's.
+	// Simulated is the schedule's simulated bubble with each stage's
+	// mean costs, and Theory the unit-cost formula's.
 	Simulated, Theory float64
 }
 
 func (p PipelineStep) String() string {
 	s := p.Schedule
-	return fmt.Sprintf("pipeline %s pp %d × %d virtual, %d microbatches of %d: measured bubble %.3f (busy %.3fs of %.3fs over all ranks); simulated %.3f with the mean costs F %.2f ms, B %.2f ms, W %.2f ms; theoretical %.3f",
+	return fmt.Sprintf("pipeline %s pp %d × %d virtual, %d microbatches of %d: measured bubble %.3f (busy %.3fs of %.3fs over all ranks); simulated %.3f with each stage's mean costs (over all: F %.2f ms, B %.2f ms, W %.2f ms); theoretical %.3f",
 		s.Name, s.PP, s.Virtual, s.Microbatches, p.MicrobatchRows, p.Bubble, p.BusyS, p.WallS, p.Simulated, p.F*1e3, p.B*1e3, p.W*1e3, p.Theory)
 }
 
@@ -782,21 +782,53 @@ func (e *engine) PipelineStep() (*PipelineStep, error) {
 	}
 	st := e.stats
 	v := []float64{st.Busy.Seconds(), st.Wall.Seconds()}
-	for k := range st.KindTime {
-		v = append(v, st.KindTime[k].Seconds(), float64(st.KindCount[k]))
+	// Then, per stage and kind, the time and the count: every stage's
+	// run on one rank, so the sums over the world are that rank's.
+	for s := range st.Time {
+		for k := range st.Time[s] {
+			v = append(v, st.Time[s][k].Seconds(), float64(st.Count[s][k]))
+		}
 	}
 	if err := e.g.SumWorld(v); err != nil {
 		return nil, err
 	}
 	p := &PipelineStep{Schedule: e.o.Pipeline.Schedule, MicrobatchRows: e.o.Pipeline.MicrobatchRows, BusyS: v[0], WallS: v[1]}
 	p.Bubble = 1 - v[0]/max(v[1], 1e-12)
-	mean := func(k pipeline.Kind) float64 { return v[2+2*int(k)] / max(v[3+2*int(k)], 1) }
-	p.F, p.B = mean(pipeline.Forward), mean(pipeline.Backward)
-	if v[3+2*int(pipeline.BackwardInput)] > 0 {
-		p.B, p.W = mean(pipeline.BackwardInput), mean(pipeline.BackwardWeight)
+	nk := len(st.Time[0])
+	at := func(s int, k pipeline.Kind) (t, n float64) {
+		i := 2 + 2*(s*nk+int(k))
+		return v[i], v[i+1]
+	}
+	// mean is the mean time of stage s's actions of the kinds given
+	// (s < 0: every stage's).
+	mean := func(s int, kinds ...pipeline.Kind) float64 {
+		var t, n float64
+		for st := range len(st.Time) {
+			if s >= 0 && st != s {
+				continue
+			}
+			for _, k := range kinds {
+				dt, dn := at(st, k)
+				t, n = t+dt, n+dn
+			}
+		}
+		return t / max(n, 1)
+	}
+	split := func(s int) bool { _, n := at(s, pipeline.BackwardInput); return n > 0 }
+	costs := make([]pipeline.Costs, len(st.Time))
+	for s := range costs {
+		c := pipeline.Costs{Forward: mean(s, pipeline.Forward), Input: mean(s, pipeline.Backward)}
+		if split(s) {
+			c.Input, c.Weight = mean(s, pipeline.BackwardInput), mean(s, pipeline.BackwardWeight)
+		}
+		costs[s] = c
+	}
+	p.F, p.B = mean(-1, pipeline.Forward), mean(-1, pipeline.Backward)
+	if split(0) {
+		p.B, p.W = mean(-1, pipeline.BackwardInput), mean(-1, pipeline.BackwardWeight)
 	}
 	sched := p.Schedule
-	sim := sched.Simulate(p.F, p.B, p.W, 0)
+	sim := sched.Simulate(costs, 0)
 	if sim.Err != nil {
 		return nil, sim.Err
 	}

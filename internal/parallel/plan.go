@@ -31,10 +31,36 @@ func (p PipelinePlan) String() string {
 	if per := p.rankLayers(); per != "" {
 		s += ", " + per
 	}
-	if c := sc.Costs; c.Forward > 0 {
-		s += fmt.Sprintf(", ordered for a layer's forward : input gradient : weight gradient = 1 : %.2f : %.2f", c.Input/c.Forward, c.Weight/c.Forward)
+	if c := p.stageCosts(); c != "" {
+		s += ", ordered for " + c
 	}
 	return s
+}
+
+// stageCosts describes the costs a zero-bubble order was made for: each
+// stage's forward : input gradient : weight gradient in units of a
+// layer's forward (that of a stage without the head, by its layers);
+// "" when the order does not depend on costs.
+func (p PipelinePlan) stageCosts() string {
+	sc := p.Schedule
+	if len(sc.Costs) != len(p.Stages) {
+		return ""
+	}
+	unit := 0.0
+	for s, spec := range p.Stages {
+		if !spec.Head && spec.NumLayers > 0 && sc.Costs[s].Forward > 0 {
+			unit = sc.Costs[s].Forward / float64(spec.NumLayers)
+			break
+		}
+	}
+	if unit == 0 {
+		return ""
+	}
+	parts := make([]string, len(sc.Costs))
+	for s, c := range sc.Costs {
+		parts[s] = fmt.Sprintf("%.3g : %.3g : %.3g", c.Forward/unit, c.Input/unit, c.Weight/unit)
+	}
+	return "the stages' forward : input gradient : weight gradient (in a layer's forward) " + strings.Join(parts, "; ")
 }
 
 // rankLayers lists the layers each rank holds (with the embedding and
@@ -80,18 +106,20 @@ type PipelineSettings struct {
 	// pipeline_parallel_first_stage_less_layers and _last_).
 	FirstLessLayers, LastLessLayers int
 	MicrobatchSize                  int
-	// Costs are the relative costs of a stage's forward, input gradient
-	// and weight gradient that a zero-bubble schedule is ordered for
-	// (model.Family.PassFLOPs; zero: equal).
-	Costs pipeline.Costs
+	// Costs prices a stage's forward, input gradient and weight
+	// gradient for the zero-bubble schedules' order (PassCosts; nil:
+	// every stage's passes cost the same).
+	Costs func(model.StageSpec) pipeline.Costs
 }
 
-// PassCosts are the stage costs a zero-bubble schedule of fam is ordered
-// for on sequences of T tokens: its per-layer FLOPs of each pass
-// (model.Family.PassFLOPs).
-func PassCosts(fam model.Family, T int) pipeline.Costs {
-	f, i, w := fam.PassFLOPs(T)
-	return pipeline.Costs{Forward: f, Input: i, Weight: w}
+// PassCosts prices the stages of fam on sequences of T tokens for the
+// zero-bubble schedules' order: each stage's FLOPs of each pass, its
+// layers' and its head's (model.Family.PassFLOPs).
+func PassCosts(fam model.Family, T int) func(model.StageSpec) pipeline.Costs {
+	return func(s model.StageSpec) pipeline.Costs {
+		f, i, w := fam.PassFLOPs(T, s)
+		return pipeline.Costs{Forward: f, Input: i, Weight: w}
+	}
 }
 
 // PlanPipeline resolves the pipeline layout of a model of numLayers
@@ -105,7 +133,7 @@ func PassCosts(fam model.Family, T int) pipeline.Costs {
 func PlanPipeline(numLayers, localBatch int, p PipelineSettings) (PipelinePlan, error) {
 	whole := model.StageSpec{FirstLayer: 0, NumLayers: numLayers, Embedding: true, Head: true}
 	if p.Degree <= 1 {
-		s, err := pipeline.Build("1F1B", 1, 1, 1, pipeline.Costs{})
+		s, err := pipeline.Build("1F1B", 1, 1, 1, nil)
 		if err != nil {
 			return PipelinePlan{}, err
 		}
@@ -151,15 +179,22 @@ func PlanPipeline(numLayers, localBatch int, p PipelineSettings) (PipelinePlan, 
 	if mbs < 1 || B%mbs != 0 {
 		return PipelinePlan{}, fmt.Errorf("parallelism.pipeline_parallel_microbatch_size %d does not divide training.local_batch_size %d", mbs, B)
 	}
-	sched, err := pipeline.Build(name, pp, S/pp, B/mbs, p.Costs)
-	if err != nil {
-		return PipelinePlan{}, fmt.Errorf("parallelism: %w (local batch %d in microbatches of %d)", err, B, mbs)
-	}
 	specs := make([]model.StageSpec, S)
 	first := 0
 	for s, n := range counts {
 		specs[s] = model.StageSpec{FirstLayer: first, NumLayers: n, Embedding: s == 0, Head: s == S-1}
 		first += n
+	}
+	var costs []pipeline.Costs
+	if p.Costs != nil {
+		costs = make([]pipeline.Costs, S)
+		for s, spec := range specs {
+			costs[s] = p.Costs(spec)
+		}
+	}
+	sched, err := pipeline.Build(name, pp, S/pp, B/mbs, costs)
+	if err != nil {
+		return PipelinePlan{}, fmt.Errorf("parallelism: %w (local batch %d in microbatches of %d)", err, B, mbs)
 	}
 	return PipelinePlan{Stages: specs, Schedule: sched, MicrobatchRows: mbs}, nil
 }

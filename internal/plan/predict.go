@@ -504,8 +504,8 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 	T := float64(l.SeqLen)
 	layerW := Q*D + 2*KV*D + D*Q + 3*F*D
 
-	// The pipeline: titan's planner and schedule.
-	sched, share, err := busiest(job, mp)
+	// The pipeline: titan's planner and schedule, and each stage's share.
+	sched, shares, err := stageShares(job, mp)
 	if err != nil {
 		return Breakdown{}, pipeline.Timeline{}, err
 	}
@@ -514,174 +514,189 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 		rows = max(l.MicrobatchRows, 1)
 	}
 	N := float64(rows) * T / cp // tokens of a microbatch on this cp rank
-	L := float64(share.layers)
+	// work is one microbatch's compute through a share of the model (a
+	// stage), pass by pass.
+	_, splitSets := sched.ActivationSets(0)
+	splits := splitSets != nil
+	work := func(share rankShare) passWork {
+		L := float64(share.layers)
 
-	// Compute of one microbatch through the rank's stages, forward.
-	linear := 2 * N * L * layerW / tp
-	headMM := 0.0
-	if share.head {
-		headMM = 2 * N * V * D / tp
-	}
-	attn := L * attentionFLOPs(cfg, N, T) / tp
-	// The loss's traffic is a third forward, two thirds backward.
-	ew := ewLayers(L, N, cfg, rt, cb, tp) + embedBwd(share, N, D, cb) + lossShare(share, N, V, tp, rt)
-	mmTime := func(flops float64) float64 { return flops / r.mm }
-	linTime := mmTime
-	castBytes := 0.0
-	if l.Float8 {
-		linTime = func(flops float64) float64 { return flops / r.fp8 }
-		per := cb + 1
-		if !rt.Fused {
-			per = 2*cb + 1
-		}
-		castBytes = L * N / tp * per
-	}
-	fwdCast := castBytes * (2*D + Q + F)
-	bwdCast := castBytes * (2*D + Q + 2*KV + 2*F)
-	fMM := linTime(linear) + mmTime(headMM)
-	fAttn := attn / r.attn
-	fEW := (ew + fwdCast) / r.ew
-	// Backward: products twice the forward, half for the input gradient
-	// and half for the weights; attention attentionBackward times;
-	// element-wise twice (the loss's share above counts its backward).
-	bMM := fMM // input half; the weight half is the same
-	bAttn := attentionBackward * fAttn
-	bEW := (2*ewLayers(L, N, cfg, rt, cb, tp) + embedBwd(share, N, D, cb) + lossBwd(share, N, V, tp, rt) + bwdCast) / r.ew
-	// Recomputation in the backward.
-	recomputed, ops := recompute(l.Checkpoint, share.layers)
-	rMM := linTime(linear) * recomputed / max(L, 1)
-	rAttn := fAttn * recomputed / max(L, 1)
-	rEW := (ewLayers(L, N, cfg, rt, cb, tp) + fwdCast) / r.ew * recomputed / max(L, 1)
-	if ops {
-		// The per-operation policy reruns every layer's element-wise
-		// operations and the products whose outputs it does not keep:
-		// wk, wo and w3 (llama.ActivationCheckpoint), with their inputs'
-		// float8 casts.
-		rMM = linTime(2 * N * L * (KV*D + D*Q + F*D) / tp)
-		rEW = (ewLayers(L, N, cfg, rt, cb, tp) + castBytes*(2*D+Q)) / r.ew
-	}
-
-	// Tensor-parallel communication (sequence parallel): per layer two
-	// all-gathers and two reduce-scatters of the microbatch's hidden
-	// states in the forward and in each recomputed forward; in the
-	// backward each all-gather's gradient is a reduce-scatter and each
-	// reduce-scatter's an all-gather; one more each way around the
-	// embedding and the head.
-	var tpF, tpB float64
-	if d.TP > 1 {
-		// Float8 layers gather their inputs already cast to float8 (one
-		// byte an element), and the backward gathers the output
-		// gradients of wo and w2 in float8 too: torchao's row-wise
-		// parallel layer casts its output's gradient before the
-		// gather. The reduce-scatters stay in bf16, and so do the
-		// gathers around the embedding and the head, which are not
-		// float8 layers.
-		agb := cb
-		if l.Float8 {
-			agb = 1
-		}
-		link := groupLink(c, d, "tp")
-		ag := ringTime(c, cal, rt, "all_gather", d.TP, link, N*D*agb)
-		agGrad := ag // wo's and w2's output gradients: [N, D] like the inputs
-		agOuter := ringTime(c, cal, rt, "all_gather", d.TP, link, N*D*cb)
-		rs := ringTime(c, cal, rt, "reduce_scatter", d.TP, link, N*D*cb)
-		// exposed is what is left of a collective beside the products
-		// it can overlap: all of it without async TP. Async TP
-		// (inductor's micro-pipeline pass) fuses an all-gather with the
-		// products whose left operand it is, and a reduce-scatter with
-		// the one product that produces its input; each collective
-		// then overlaps its own fused products only.
-		exposed := func(comm, work float64) float64 { return comm }
-		if l.AsyncTP && rt.Overlap {
-			exposed = overlapped
-		}
-		prod := func(cols float64) float64 { return linTime(2 * N * D * cols / tp) }
-		// A forward: the attention norm's gather feeds wq, wk and wv,
-		// the ffn norm's w1 and w3; wo and w2 produce their
-		// reduce-scatters' inputs. The head's gather feeds the head;
-		// the embedding's reduce-scatter has no product.
-		fwdLayer := exposed(ag, prod(Q+2*KV)) + exposed(ag, prod(2*F)) + exposed(rs, prod(Q)) + exposed(rs, prod(F))
-		tpF = L * fwdLayer
-		// The backward: the gathered output gradients of wo and w2 feed
-		// their input gradients' products; the input gradients of
-		// wq/wk/wv and of w1/w3 are sums of products, so their
-		// reduce-scatters stay exposed; so do the embedding's gathered
-		// gradient and the head's reduce-scatter.
-		tpB = L * (exposed(agGrad, prod(Q)) + exposed(agGrad, prod(F)) + 2*rs)
-		if share.embed {
-			tpF, tpB = tpF+rs, tpB+agOuter
-		}
+		// Compute of one microbatch through the share, forward.
+		linear := 2 * N * L * layerW / tp
+		headMM := 0.0
 		if share.head {
-			tpF, tpB = tpF+exposed(agOuter, mmTime(headMM)), tpB+rs
+			headMM = 2 * N * V * D / tp
 		}
-		// The recomputed forwards: a whole one a recomputed layer under
-		// full (or per-layer) checkpointing; under the per-operation
-		// policy only wk, wo and w3 are rerun, so the recomputation
-		// gathers both norms' outputs, each beside one product (wk,
-		// w3), and reduce-scatters wo's beside wo.
-		tpB += recomputed * fwdLayer
+		attn := L * attentionFLOPs(cfg, N, T) / tp
+		// The loss's traffic is a third forward, two thirds backward.
+		ew := ewLayers(L, N, cfg, rt, cb, tp) + embedBwd(share, N, D, cb) + lossShare(share, N, V, tp, rt)
+		mmTime := func(flops float64) float64 { return flops / r.mm }
+		linTime := mmTime
+		castBytes := 0.0
+		if l.Float8 {
+			linTime = func(flops float64) float64 { return flops / r.fp8 }
+			per := cb + 1
+			if !rt.Fused {
+				per = 2*cb + 1
+			}
+			castBytes = L * N / tp * per
+		}
+		fwdCast := castBytes * (2*D + Q + F)
+		bwdCast := castBytes * (2*D + Q + 2*KV + 2*F)
+		fMM := linTime(linear) + mmTime(headMM)
+		fAttn := attn / r.attn
+		fEW := (ew + fwdCast) / r.ew
+		// Backward: products twice the forward, half for the input gradient
+		// and half for the weights; attention attentionBackward times;
+		// element-wise twice (the loss's share above counts its backward).
+		bMM := fMM // input half; the weight half is the same
+		bAttn := attentionBackward * fAttn
+		bEW := (2*ewLayers(L, N, cfg, rt, cb, tp) + embedBwd(share, N, D, cb) + lossBwd(share, N, V, tp, rt) + bwdCast) / r.ew
+		// Recomputation in the backward.
+		recomputed, ops := recompute(l.Checkpoint, share.layers)
+		rMM := linTime(linear) * recomputed / max(L, 1)
+		rAttn := fAttn * recomputed / max(L, 1)
+		rEW := (ewLayers(L, N, cfg, rt, cb, tp) + fwdCast) / r.ew * recomputed / max(L, 1)
 		if ops {
-			tpB += L * (exposed(ag, prod(KV)) + exposed(ag, prod(F)) + exposed(rs, prod(Q)))
+			// The per-operation policy reruns every layer's element-wise
+			// operations and the products whose outputs it does not keep:
+			// wk, wo and w3 (llama.ActivationCheckpoint), with their inputs'
+			// float8 casts.
+			rMM = linTime(2 * N * L * (KV*D + D*Q + F*D) / tp)
+			rEW = (ewLayers(L, N, cfg, rt, cb, tp) + castBytes*(2*D+Q)) / r.ew
 		}
-	}
-	// Context parallel ring attention, per layer: cp blocks of
-	// attention, each 1/cp of the layer's (load-balanced causal) work.
-	var cpF, cpB, cpEWF, cpEWB float64
-	if d.CP > 1 {
-		link := groupLink(c, d, "cp")
-		perF, perB := fAttn/max(L, 1), bAttn/max(L, 1)
-		if rt.TorchRing {
-			cpF, cpB, cpEWF, cpEWB = torchRing(c, cal, rt, link, d.CP, N*Q/tp, cb, perF, perB)
-		} else {
-			// cp-1 rotations of the key/value shards in the forward, of
-			// them and their gradients in the backward; overlapped with the
-			// attention blocks on a GPU.
-			rot := float64(d.CP-1) * p2pTime(c, cal, rt, link, d.CP, 2*N*KV/tp*cb)
-			cpF, cpB = rot, 2*rot
-			if rt.Overlap {
-				cpF, cpB = math.Max(0, cpF-perF), math.Max(0, cpB-perB)
+
+		// Tensor-parallel communication (sequence parallel): per layer two
+		// all-gathers and two reduce-scatters of the microbatch's hidden
+		// states in the forward and in each recomputed forward; in the
+		// backward each all-gather's gradient is a reduce-scatter and each
+		// reduce-scatter's an all-gather; one more each way around the
+		// embedding and the head.
+		var tpF, tpB float64
+		if d.TP > 1 {
+			// Float8 layers gather their inputs already cast to float8 (one
+			// byte an element), and the backward gathers the output
+			// gradients of wo and w2 in float8 too: torchao's row-wise
+			// parallel layer casts its output's gradient before the
+			// gather. The reduce-scatters stay in bf16, and so do the
+			// gathers around the embedding and the head, which are not
+			// float8 layers.
+			agb := cb
+			if l.Float8 {
+				agb = 1
+			}
+			link := groupLink(c, d, "tp")
+			ag := ringTime(c, cal, rt, "all_gather", d.TP, link, N*D*agb)
+			agGrad := ag // wo's and w2's output gradients: [N, D] like the inputs
+			agOuter := ringTime(c, cal, rt, "all_gather", d.TP, link, N*D*cb)
+			rs := ringTime(c, cal, rt, "reduce_scatter", d.TP, link, N*D*cb)
+			// exposed is what is left of a collective beside the products
+			// it can overlap: all of it without async TP. Async TP
+			// (inductor's micro-pipeline pass) fuses an all-gather with the
+			// products whose left operand it is, and a reduce-scatter with
+			// the one product that produces its input; each collective
+			// then overlaps its own fused products only.
+			exposed := func(comm, work float64) float64 { return comm }
+			if l.AsyncTP && rt.Overlap {
+				exposed = overlapped
+			}
+			prod := func(cols float64) float64 { return linTime(2 * N * D * cols / tp) }
+			// A forward: the attention norm's gather feeds wq, wk and wv,
+			// the ffn norm's w1 and w3; wo and w2 produce their
+			// reduce-scatters' inputs. The head's gather feeds the head;
+			// the embedding's reduce-scatter has no product.
+			fwdLayer := exposed(ag, prod(Q+2*KV)) + exposed(ag, prod(2*F)) + exposed(rs, prod(Q)) + exposed(rs, prod(F))
+			tpF = L * fwdLayer
+			// The backward: the gathered output gradients of wo and w2 feed
+			// their input gradients' products; the input gradients of
+			// wq/wk/wv and of w1/w3 are sums of products, so their
+			// reduce-scatters stay exposed; so do the embedding's gathered
+			// gradient and the head's reduce-scatter.
+			tpB = L * (exposed(agGrad, prod(Q)) + exposed(agGrad, prod(F)) + 2*rs)
+			if share.embed {
+				tpF, tpB = tpF+rs, tpB+agOuter
+			}
+			if share.head {
+				tpF, tpB = tpF+exposed(agOuter, mmTime(headMM)), tpB+rs
+			}
+			// The recomputed forwards: a whole one a recomputed layer under
+			// full (or per-layer) checkpointing; under the per-operation
+			// policy only wk, wo and w3 are rerun, so the recomputation
+			// gathers both norms' outputs, each beside one product (wk,
+			// w3), and reduce-scatters wo's beside wo.
+			tpB += recomputed * fwdLayer
+			if ops {
+				tpB += L * (exposed(ag, prod(KV)) + exposed(ag, prod(F)) + exposed(rs, prod(Q)))
 			}
 		}
-		// Every layer's forward, backward and recomputed forward.
-		cpF, cpB = L*cpF, L*cpB+recomputed*cpF
-		fEW += L * cpEWF / r.ew
-		bEW += L * cpEWB / r.ew
-		rEW += recomputed * cpEWF / r.ew
-	}
-	v := float64(share.stages)
-	costF := (fMM + fAttn + fEW + tpF + cpF) / v
-	costB := (bMM + bAttn + bEW + rMM + rAttn + rEW + tpB + cpB) / v
-	// A zero-bubble schedule's BackwardWeight runs the weight-gradient
-	// products, also of recomputed layers.
-	costW := bMM / v
-	if _, split := sched.ActivationSets(0); split != nil && !rt.KeepsRecomputed {
-		// titan's BackwardInput copies those products' inputs out of the
-		// shared scratch set for each recomputed layer: the gathered norm
-		// outputs and, whole-layer, attention's output; the SwiGLU product.
-		per := 2*N*D + N*F/tp
-		copied := recomputed * (per + N*Q/tp)
-		if ops {
-			copied = L * per
+		// Context parallel ring attention, per layer: cp blocks of
+		// attention, each 1/cp of the layer's (load-balanced causal) work.
+		var cpF, cpB, cpEWF, cpEWB float64
+		if d.CP > 1 {
+			link := groupLink(c, d, "cp")
+			perF, perB := fAttn/max(L, 1), bAttn/max(L, 1)
+			if rt.TorchRing {
+				cpF, cpB, cpEWF, cpEWB = torchRing(c, cal, rt, link, d.CP, N*Q/tp, cb, perF, perB)
+			} else {
+				// cp-1 rotations of the key/value shards in the forward, of
+				// them and their gradients in the backward; overlapped with the
+				// attention blocks on a GPU.
+				rot := float64(d.CP-1) * p2pTime(c, cal, rt, link, d.CP, 2*N*KV/tp*cb)
+				cpF, cpB = rot, 2*rot
+				if rt.Overlap {
+					cpF, cpB = math.Max(0, cpF-perF), math.Max(0, cpB-perB)
+				}
+			}
+			// Every layer's forward, backward and recomputed forward.
+			cpF, cpB = L*cpF, L*cpB+recomputed*cpF
+			fEW += L * cpEWF / r.ew
+			bEW += L * cpEWB / r.ew
+			rEW += recomputed * cpEWF / r.ew
 		}
-		costB += 2 * copied * cb / r.ew / v
+		w := passWork{
+			fMM: fMM, fAttn: fAttn, fEW: fEW, bMM: bMM, bAttn: bAttn, bEW: bEW,
+			rMM: rMM, rAttn: rAttn, rEW: rEW, tpF: tpF, tpB: tpB, cpF: cpF, cpB: cpB,
+		}
+		if splits && !rt.KeepsRecomputed {
+			// titan's BackwardInput copies the weight-gradient products'
+			// inputs out of the shared scratch set for each recomputed
+			// layer: the gathered norm outputs and, whole-layer,
+			// attention's output; the SwiGLU product.
+			per := 2*N*D + N*F/tp
+			copied := recomputed * (per + N*Q/tp)
+			if ops {
+				copied = L * per
+			}
+			w.copy = 2 * copied * cb / r.ew
+		}
+		return w
 	}
 	lat := 0.0
 	if d.PP > 1 {
 		lat = p2pTime(c, cal, rt, groupLink(c, d, "pp"), d.PP, N*D/tp*cb)
 	}
-	sim := sched.Simulate(costF, costB, costW, lat)
+	works := make([]passWork, len(shares))
+	costs := make([]pipeline.Costs, len(shares))
+	for st, sh := range shares {
+		works[st] = work(sh)
+		costs[st] = works[st].costs()
+	}
+	sim := sched.Simulate(costs, lat)
 	if sim.Err != nil {
 		return Breakdown{}, sim, sim.Err
 	}
+	// The breakdown is the busiest rank's: the most work over its stages.
+	share, w := busiest(sched, shares, works)
 	m := float64(sched.Microbatches)
-	busy := m * v * (costF + costB + costW)
+	c0 := w.costs()
+	busy := m * (c0.Forward + c0.Input + c0.Weight)
 	var b Breakdown
-	b.Matmul = m * (fMM + 2*bMM)
-	b.Attention = m * (fAttn + bAttn)
-	b.Elementwise = m * (fEW + bEW)
-	b.Recompute = m * (rMM + rAttn + rEW)
-	b.TP = m * (tpF + tpB)
-	b.CP = m * (cpF + cpB)
+	b.Matmul = m * (w.fMM + 2*w.bMM)
+	b.Attention = m * (w.fAttn + w.bAttn)
+	b.Elementwise = m * (w.fEW + w.bEW + w.copy)
+	b.Recompute = m * (w.rMM + w.rAttn + w.rEW)
+	b.TP = m * (w.tpF + w.tpB)
+	b.CP = m * (w.cpF + w.cpB)
 	// The simulated makespan less the work, floored at zero; without a
 	// pipeline the two differ only by rounding.
 	b.Bubble = sim.Makespan - busy
@@ -784,9 +799,9 @@ func recompute(ac memplan.Checkpoint, n int) (layers float64, ops bool) {
 	return 0, false
 }
 
-// busiest resolves the pipeline and returns its schedule and the share
-// of the rank with the most work.
-func busiest(job Job, mp memplan.Plan) (pipeline.Schedule, rankShare, error) {
+// stageShares resolves the pipeline and returns its schedule and what
+// each of its stages holds.
+func stageShares(job Job, mp memplan.Plan) (pipeline.Schedule, []rankShare, error) {
 	cfg := job.Model
 	tp := int64(job.Layout.Degrees.TP)
 	D, V := int64(cfg.Dim), int64(cfg.VocabSize)
@@ -796,46 +811,80 @@ func busiest(job Job, mp memplan.Plan) (pipeline.Schedule, rankShare, error) {
 	head := D + embed
 	pp, err := mp.ResolvePipeline()
 	if err != nil {
-		return pipeline.Schedule{}, rankShare{}, err
+		return pipeline.Schedule{}, nil, err
 	}
-	if job.Layout.Degrees.PP <= 1 {
-		return pp.Schedule, rankShare{layers: cfg.NLayers, embed: true, head: true, stages: 1,
-			params: float64(embed + int64(cfg.NLayers)*layer + head), firstUnit: float64(embed)}, nil
+	shares := make([]rankShare, len(pp.Stages))
+	for st, spec := range pp.Stages {
+		s := rankShare{layers: spec.NumLayers, embed: spec.Embedding, head: spec.Head, stages: 1}
+		s.params = float64(int64(spec.NumLayers) * layer)
+		s.firstUnit = float64(layer)
+		if spec.Embedding {
+			s.params += float64(embed)
+			s.firstUnit = float64(embed)
+		}
+		if spec.Head {
+			s.params += float64(head)
+		}
+		shares[st] = s
 	}
+	return pp.Schedule, shares, nil
+}
+
+// busiest returns the share of the rank whose stages take the longest
+// and its work: the sums over its stages (the first unit its first
+// stage's).
+func busiest(sched pipeline.Schedule, shares []rankShare, works []passWork) (rankShare, passWork) {
 	var best rankShare
-	bestWork := -1.0
-	for rank := range pp.Schedule.PP {
+	var bestWork passWork
+	longest := -1.0
+	for r := range sched.PP {
 		var s rankShare
-		for i, st := range pp.Schedule.Stages(rank) {
-			spec := pp.Stages[st]
-			s.stages++
-			s.layers += spec.NumLayers
-			if spec.Embedding {
-				s.embed = true
-				s.params += float64(embed)
-			}
-			if spec.Head {
-				s.head = true
-				s.params += float64(head)
-			}
-			s.params += float64(int64(spec.NumLayers) * layer)
+		var w passWork
+		for i, st := range sched.Stages(r) {
+			sh := shares[st]
 			if i == 0 {
-				s.firstUnit = float64(layer)
-				if spec.Embedding {
-					s.firstUnit = float64(embed)
-				}
+				s.firstUnit = sh.firstUnit
 			}
+			s.layers += sh.layers
+			s.embed = s.embed || sh.embed
+			s.head = s.head || sh.head
+			s.stages++
+			s.params += sh.params
+			w = w.add(works[st])
 		}
-		// Work: layers plus the head's product in layer equivalents.
-		work := float64(s.layers)
-		if s.head {
-			work += float64(head) / float64(layer)
-		}
-		if work > bestWork {
-			best, bestWork = s, work
+		c := w.costs()
+		if t := c.Forward + c.Input + c.Weight; t > longest {
+			best, bestWork, longest = s, w, t
 		}
 	}
-	return pp.Schedule, best, nil
+	return best, bestWork
+}
+
+// passWork is one microbatch's compute (seconds) through a share of the
+// model: forward products, attention and element-wise work; the same of
+// the backward (bMM the input gradient's products, which the weight
+// gradient's equal); the recomputed forward; tensor- and
+// context-parallel communication, forward and backward; and titan's
+// copy of the split backward's inputs.
+type passWork struct {
+	fMM, fAttn, fEW, bMM, bAttn, bEW, rMM, rAttn, rEW, tpF, tpB, cpF, cpB, copy float64
+}
+
+// costs are the work's pipeline actions: the forward, the input gradient
+// (with the recomputation) and the weight gradient.
+func (w passWork) costs() pipeline.Costs {
+	return pipeline.Costs{
+		Forward: w.fMM + w.fAttn + w.fEW + w.tpF + w.cpF,
+		Input:   w.bMM + w.bAttn + w.bEW + w.rMM + w.rAttn + w.rEW + w.tpB + w.cpB + w.copy,
+		Weight:  w.bMM,
+	}
+}
+
+func (w passWork) add(o passWork) passWork {
+	return passWork{
+		w.fMM + o.fMM, w.fAttn + o.fAttn, w.fEW + o.fEW, w.bMM + o.bMM, w.bAttn + o.bAttn, w.bEW + o.bEW,
+		w.rMM + o.rMM, w.rAttn + o.rAttn, w.rEW + o.rEW, w.tpF + o.tpF, w.tpB + o.tpB, w.cpF + o.cpF, w.cpB + o.cpB, w.copy + o.copy,
+	}
 }
 
 // groupLink is the link a parallel dimension's collectives cross: the

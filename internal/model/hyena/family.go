@@ -61,11 +61,18 @@ func (f Family) MaxSeqLen() int { return f.Cfg.LMax }
 // FLOPsPerToken implements model.Family.
 func (f Family) FLOPsPerToken(T int) float64 { return f.Cfg.FLOPsPerToken(T) }
 
-// PassFLOPs implements model.Family: a layer's share of the forward, and
-// the whole backward (twice the forward) as the input gradient, since
-// the model's backward does not split (Model.CanSplit).
-func (f Family) PassFLOPs(T int) (forward, input, weight float64) {
-	forward = f.Cfg.FLOPsPerToken(T) / 3 / float64(max(f.Cfg.NLayer, 1))
+// PassFLOPs implements model.Family: the forward of the stage's layers
+// and head (Config.FLOPsPerToken's terms, a third of each), and the
+// whole backward (twice the forward) as the input gradient, since the
+// model's backward does not split (Model.CanSplit).
+func (f Family) PassFLOPs(T int, s model.StageSpec) (forward, input, weight float64) {
+	c := f.Cfg
+	D, H, V := float64(c.DModel), float64(c.Inner()), float64(c.PaddedVocab())
+	layer := 2*(D*float64(c.Channels())+D*D+2*D*H) + float64(c.FilterChannels())*float64(T)
+	forward = float64(s.NumLayers) * layer
+	if s.Head {
+		forward += 2 * V * D
+	}
 	return forward, 2 * forward, 0
 }
 

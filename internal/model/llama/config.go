@@ -8,7 +8,6 @@ package llama
 import (
 	"fmt"
 	"math"
-	"strconv"
 
 	"github.com/titan-go/titan/configs"
 )
@@ -160,30 +159,40 @@ func (c Config) FLOPsPerToken(seqLen int) float64 {
 	return 6*float64(nonEmb) + 12*float64(c.NLayers)*float64(c.Dim)*float64(seqLen)
 }
 
-// PassFLOPs is the FLOPs per token of one layer's forward, of its input
+// PassFLOPs is the FLOPs per token of stage s's forward, of its input
 // gradient and of its weight gradient on sequences of T tokens under the
-// checkpointing policy ac (averaged over the layers): the products'
-// input and weight gradients each cost the forward's products; causal
-// attention's forward 2·T·heads·HeadDim and its backward twice that, in
-// the input gradient; the input gradient also reruns the recomputed
-// forward (whole layers under full or every-k checkpointing; wk, wo and
-// w3 under the per-operation policy). Element-wise work is left out.
-func (c Config) PassFLOPs(T int, ac ActivationCheckpoint) (forward, input, weight float64) {
-	D, F := float64(c.Dim), float64(c.FFNHidden())
+// checkpointing policy ac. Each layer's products cost as much again in
+// their input gradient and in their weight gradient; causal attention's
+// forward costs 2·T·heads·HeadDim and its backward twice that, in the
+// input gradient, which also reruns what the layer's policy recomputes
+// (the whole layer under full or every-k checkpointing, wk, wo and w3
+// under the per-operation policy; ActivationCheckpoint counts the k-th
+// layers within the stage, as the model does). A stage with the head
+// adds its product, 2·vocab·dim, to each pass. The embedding and the
+// element-wise work are left out.
+func (c Config) PassFLOPs(T int, ac ActivationCheckpoint, s StageSpec) (forward, input, weight float64) {
+	D, F, V := float64(c.Dim), float64(c.FFNHidden()), float64(c.VocabSize)
 	Q, KV := float64(c.NHeads*c.HeadDim()), float64(c.KVHeads()*c.HeadDim())
 	products := 2 * (Q*D + 2*KV*D + D*Q + 3*F*D)
 	attn := 2 * float64(T) * Q
-	forward, weight = products+attn, products
-	input = products + 2*attn
-	switch ac.Mode {
-	case "full":
-		input += forward
-	case "selective":
-		if ac.SelectiveOption == "op" {
+	policy, err := ac.policies(s.NumLayers)
+	if err != nil {
+		policy = make([]layerPolicy, s.NumLayers) // refused where the model is built
+	}
+	for _, p := range policy {
+		forward += products + attn
+		input += products + 2*attn
+		weight += products
+		switch p {
+		case recomputeLayer:
+			input += products + attn
+		case recomputeOps:
 			input += 2 * (KV*D + D*Q + F*D)
-		} else if every, err := strconv.Atoi(ac.SelectiveOption); err == nil && every > 0 {
-			input += forward * float64(c.NLayers/every) / float64(max(c.NLayers, 1))
 		}
+	}
+	if s.Head {
+		head := 2 * V * D
+		forward, input, weight = forward+head, input+head, weight+head
 	}
 	return forward, input, weight
 }

@@ -49,8 +49,8 @@ func (f Family) MaxSeqLen() int { return f.Cfg.MaxSeqLen }
 func (f Family) FLOPsPerToken(T int) float64 { return f.Cfg.FLOPsPerToken(T) }
 
 // PassFLOPs implements model.Family (see Config.PassFLOPs).
-func (f Family) PassFLOPs(T int) (forward, input, weight float64) {
-	return f.Cfg.PassFLOPs(T, f.Checkpoint)
+func (f Family) PassFLOPs(T int, s model.StageSpec) (forward, input, weight float64) {
+	return f.Cfg.PassFLOPs(T, f.Checkpoint, StageSpec(s))
 }
 
 // Check implements model.Family.

@@ -247,11 +247,12 @@ func TestForwardRejectsBadTokens(t *testing.T) {
 
 var _ backend.Backend = (*cpu.Backend)(nil)
 
-// TestPassFLOPs: a layer's forward, input-gradient and weight-gradient
-// FLOPs without checkpointing add up, over the layers, to torchtitan's
-// FLOPsPerToken less its output projection, norms and half its
-// (uncausal) attention term; each policy adds what it recomputes to the
-// input gradient alone.
+// TestPassFLOPs: the whole model's forward, input-gradient and
+// weight-gradient FLOPs without checkpointing add up to torchtitan's
+// FLOPsPerToken less its norms and half its (uncausal) attention term;
+// stages add up to the whole model; the head adds its product to each
+// pass; each policy adds what it recomputes, counted within the stage,
+// to the input gradient alone.
 func TestPassFLOPs(t *testing.T) {
 	cfg, err := Flavor("8B")
 	if err != nil {
@@ -259,27 +260,50 @@ func TestPassFLOPs(t *testing.T) {
 	}
 	const T = 8192
 	L, D, V := float64(cfg.NLayers), float64(cfg.Dim), float64(cfg.VocabSize)
-	f, i, w := cfg.PassFLOPs(T, ActivationCheckpoint{})
-	want := cfg.FLOPsPerToken(T) - 6*(V*D+(2*L+1)*D) - 6*L*D*T
-	if got := L * (f + i + w); math.Abs(got/want-1) > 1e-12 {
+	none := ActivationCheckpoint{}
+	f, i, w := cfg.PassFLOPs(T, none, whole(cfg))
+	want := cfg.FLOPsPerToken(T) - 6*(2*L+1)*D - 6*L*D*T
+	if got := f + i + w; math.Abs(got/want-1) > 1e-12 {
 		t.Errorf("passes sum to %g FLOPs a token, want %g", got, want)
 	}
-	if w >= f || i <= f {
-		t.Errorf("forward %g, input %g, weight %g: want weight < forward < input (attention)", f, i, w)
+	// One layer without the head, and the head alone.
+	lf, li, lw := cfg.PassFLOPs(T, none, StageSpec{FirstLayer: 3, NumLayers: 1})
+	if lw >= lf || li <= lf {
+		t.Errorf("a layer's forward %g, input %g, weight %g: want weight < forward < input (attention)", lf, li, lw)
+	}
+	hf, hi, hw := cfg.PassFLOPs(T, none, StageSpec{FirstLayer: int(L), Head: true})
+	if h := 2 * V * D; hf != h || hi != h || hw != h {
+		t.Errorf("the head alone: %g, %g, %g; want %g each", hf, hi, hw, h)
+	}
+	// Two stages of 20 and 12 layers, the head on the second.
+	af, ai, aw := cfg.PassFLOPs(T, none, StageSpec{NumLayers: 20, Embedding: true})
+	bf, bi, bw := cfg.PassFLOPs(T, none, StageSpec{FirstLayer: 20, NumLayers: 12, Head: true})
+	for _, c := range []struct {
+		name      string
+		got, want float64
+	}{
+		{"forward", af + bf, f}, {"input", ai + bi, i}, {"weight", aw + bw, w},
+		{"first stage's forward", af, 20 * lf}, {"second stage's input", bi, 12*li + hi},
+	} {
+		if math.Abs(c.got/c.want-1) > 1e-12 {
+			t.Errorf("%s: %g, want %g", c.name, c.got, c.want)
+		}
 	}
 	F, KV := float64(cfg.FFNHidden()), float64(cfg.KVHeads()*cfg.HeadDim())
+	stage := StageSpec{FirstLayer: 10, NumLayers: 10}
 	for _, c := range []struct {
 		ac    ActivationCheckpoint
-		extra float64 // recomputed FLOPs in the input gradient
+		extra float64 // recomputed FLOPs in the stage's input gradient
 	}{
-		{ActivationCheckpoint{Mode: "full"}, f},
-		{ActivationCheckpoint{Mode: "selective", SelectiveOption: "2"}, f / 2},
-		{ActivationCheckpoint{Mode: "selective", SelectiveOption: "3"}, f * 10 / 32}, // 10 of 32 layers
-		{ActivationCheckpoint{Mode: "selective", SelectiveOption: "op"}, 2 * (KV*D + D*D + F*D)},
+		{ActivationCheckpoint{Mode: "full"}, 10 * lf},
+		{ActivationCheckpoint{Mode: "selective", SelectiveOption: "2"}, 5 * lf},
+		{ActivationCheckpoint{Mode: "selective", SelectiveOption: "3"}, 3 * lf}, // the stage's 3rd, 6th and 9th layers
+		{ActivationCheckpoint{Mode: "selective", SelectiveOption: "op"}, 10 * 2 * (KV*D + D*D + F*D)},
 	} {
-		f2, i2, w2 := cfg.PassFLOPs(T, c.ac)
-		if f2 != f || w2 != w || math.Abs((i2-i)/c.extra-1) > 1e-12 {
-			t.Errorf("%v: forward %g, input %g, weight %g; want %g, %g + %g, %g", c.ac, f2, i2, w2, f, i, c.extra, w)
+		f0, i0, w0 := cfg.PassFLOPs(T, none, stage)
+		f2, i2, w2 := cfg.PassFLOPs(T, c.ac, stage)
+		if f2 != f0 || w2 != w0 || math.Abs((i2-i0)/c.extra-1) > 1e-12 {
+			t.Errorf("%v: forward %g, input %g, weight %g; want %g, %g + %g, %g", c.ac, f2, i2, w2, f0, i0, c.extra, w0)
 		}
 	}
 }

@@ -61,9 +61,9 @@ func Canonical(name string) (string, error) {
 //     ordered by the same greedy rule with at most 2pp stage activations
 //     (half-size stages, so the memory of 1F1B's first rank) per rank.
 //
-// The greedy rule runs on the stage costs given (equal when zero), as
-// the zero-bubble paper's scheduler does on profiled times.
-func Build(name string, pp, virtual, microbatches int, costs Costs) (Schedule, error) {
+// The greedy rule runs on the costs given, one per stage (nil: equal
+// costs), as the zero-bubble paper's scheduler does on profiled times.
+func Build(name string, pp, virtual, microbatches int, costs []Costs) (Schedule, error) {
 	canon, err := Canonical(name)
 	if err != nil {
 		return Schedule{}, err
@@ -71,10 +71,14 @@ func Build(name string, pp, virtual, microbatches int, costs Costs) (Schedule, e
 	if pp < 1 || virtual < 1 || microbatches < 1 {
 		return Schedule{}, fmt.Errorf("pipeline: %s: pp=%d, virtual=%d, microbatches=%d must all be >= 1", canon, pp, virtual, microbatches)
 	}
-	for _, c := range []float64{costs.Forward, costs.Input, costs.Weight} {
-		if !(c >= 0) || math.IsInf(c, 1) {
-			return Schedule{}, fmt.Errorf("pipeline: %s: stage costs %+v must be finite and non-negative", canon, costs)
-		}
+	if costs != nil && len(costs) != pp*virtual {
+		return Schedule{}, fmt.Errorf("pipeline: %s: %d stage costs for %d stages", canon, len(costs), pp*virtual)
+	}
+	if err := checkCosts(costs); err != nil {
+		return Schedule{}, fmt.Errorf("pipeline: %s: %w", canon, err)
+	}
+	if costs == nil {
+		costs = Uniform(pp*virtual, Costs{1, 1, 1})
 	}
 	needVirtual := func(want int) error {
 		if virtual != want {
@@ -119,7 +123,7 @@ func Build(name string, pp, virtual, microbatches int, costs Costs) (Schedule, e
 		}
 		limitI := func(r int) int { return interleavedWarmup(pp, virtual, microbatches, r) + 1 }
 		limitW := func(int) int { return limitI(0) + pp/2 }
-		s, err = greedyZB(pp, virtual, microbatches, LoopPlacement(pp, virtual), limitI, limitW, costs.orDefault())
+		s, err = greedyZB(pp, virtual, microbatches, LoopPlacement(pp, virtual), limitI, limitW, costs)
 	case "ZBVZeroBubble":
 		if err := needVirtual(2); err != nil {
 			return Schedule{}, err
@@ -127,14 +131,14 @@ func Build(name string, pp, virtual, microbatches int, costs Costs) (Schedule, e
 		if err := needMB(); err != nil {
 			return Schedule{}, err
 		}
-		s, err = greedyZB(pp, 2, microbatches, VPlacement(pp), func(int) int { return 2 * pp }, func(int) int { return 2 * pp }, costs.orDefault())
+		s, err = greedyZB(pp, 2, microbatches, VPlacement(pp), func(int) int { return 2 * pp }, func(int) int { return 2 * pp }, costs)
 	}
 	if err != nil {
 		return Schedule{}, fmt.Errorf("pipeline: %s pp=%d virtual=%d microbatches=%d: %w", canon, pp, virtual, microbatches, err)
 	}
 	s.Name = canon
 	if canon == "InterleavedZeroBubble" || canon == "ZBVZeroBubble" {
-		s.Costs = costs.orDefault()
+		s.Costs = costs
 	}
 	return s, nil
 }
@@ -230,21 +234,35 @@ func interleaved(pp, v, m int) Schedule {
 
 // Costs are the relative durations of a stage's Forward, BackwardInput
 // and BackwardWeight on one microbatch, for which Build orders the
-// zero-bubble schedules; the zero value means equal costs. (The other
+// zero-bubble schedules and Simulate times a schedule. (The other
 // schedules' orders do not depend on costs.) A recomputing stage's
 // BackwardInput also reruns its forward, so it costs more than the
 // others, and an order made for equal costs leaves bubbles that do not
-// shrink with more microbatches.
+// shrink with more microbatches; a stage with the head costs more than
+// one without.
 type Costs struct {
 	Forward, Input, Weight float64
 }
 
-// orDefault returns c, or equal costs for the zero value.
-func (c Costs) orDefault() Costs {
-	if c == (Costs{}) {
-		return Costs{1, 1, 1}
+// Uniform returns n copies of c: the costs of n equal stages.
+func Uniform(n int, c Costs) []Costs {
+	out := make([]Costs, n)
+	for i := range out {
+		out[i] = c
 	}
-	return c
+	return out
+}
+
+// checkCosts refuses a negative, NaN or infinite cost.
+func checkCosts(costs []Costs) error {
+	for st, c := range costs {
+		for _, x := range []float64{c.Forward, c.Input, c.Weight} {
+			if !(x >= 0) || math.IsInf(x, 1) {
+				return fmt.Errorf("stage %d costs %+v must be finite and non-negative", st, c)
+			}
+		}
+	}
+	return nil
 }
 
 func (c Costs) of(k Kind) float64 {
@@ -260,7 +278,7 @@ func (c Costs) of(k Kind) float64 {
 }
 
 // greedyZB orders a split-backward schedule by list scheduling with the
-// given costs and no latency: whenever a rank is free it runs, in order
+// given costs (one per stage) and no latency: whenever a rank is free it runs, in order
 // of preference, a ready BackwardInput (oldest microbatch first, later
 // stage on ties), a ready Forward (later stage first, each stage's
 // microbatches in order) if fewer than limitW(r) of the rank's forwards
@@ -270,7 +288,7 @@ func (c Costs) of(k Kind) float64 {
 // filling its quota with first-stage forwards whose later stages it then
 // cannot run. Should the limits ever stall every rank, the first rank
 // with a ready Forward runs it regardless.
-func greedyZB(pp, v, m int, place []int, limitI, limitW func(int) int, costs Costs) (Schedule, error) {
+func greedyZB(pp, v, m int, place []int, limitI, limitW func(int) int, costs []Costs) (Schedule, error) {
 	s := newSchedule(pp, v, m, place)
 	S := pp * v
 	never := math.Inf(1)
@@ -357,8 +375,9 @@ func greedyZB(pp, v, m int, place []int, limitI, limitW func(int) int, costs Cos
 			case BackwardWeight:
 				held[r]--
 			}
-			end[best.Kind][best.Stage*m+best.Microbatch] = t + costs.of(best.Kind)
-			busy[r] = t + costs.of(best.Kind)
+			done := t + costs[best.Stage].of(best.Kind)
+			end[best.Kind][best.Stage*m+best.Microbatch] = done
+			busy[r] = done
 			s.Actions[r] = append(s.Actions[r], best)
 			left--
 			ran = true

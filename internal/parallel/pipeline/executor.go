@@ -39,10 +39,10 @@ type Stage interface {
 type Stats struct {
 	// Busy and Wall are the compute time and the elapsed time.
 	Busy, Wall time.Duration
-	// KindTime and KindCount are the compute time and number of actions
-	// of each Kind.
-	KindTime  [numKinds]time.Duration
-	KindCount [numKinds]int
+	// Time and Count are the compute time and number of actions of each
+	// stage (indexed by stage, every stage of the schedule) and Kind.
+	Time  [][numKinds]time.Duration
+	Count [][numKinds]int
 }
 
 // msgKey names a transfer: the input (activation) or the output gradient
@@ -165,7 +165,10 @@ func (x *Executor) Sets(s int) []Stage { return x.sets[s] }
 func (x *Executor) Stats() Stats { return x.stats }
 
 // ResetStats clears the measurements.
-func (x *Executor) ResetStats() { x.stats = Stats{} }
+func (x *Executor) ResetStats() {
+	S := len(x.Sched.StageRank)
+	x.stats = Stats{Time: make([][numKinds]time.Duration, S), Count: make([][numKinds]int, S)}
+}
 
 func (x *Executor) acquire(s, mb int) (Stage, error) {
 	f := x.free[s]
@@ -432,11 +435,14 @@ func (x *Executor) Run(actions [][]Action, inputs, labels []int32, per int, scal
 	}
 	var lossSum float64
 	start := time.Now()
-	timed := func(k Kind, t0 time.Time) {
+	if len(x.stats.Time) != S {
+		x.ResetStats()
+	}
+	timed := func(a Action, t0 time.Time) {
 		dt := time.Since(t0)
 		x.stats.Busy += dt
-		x.stats.KindTime[k] += dt
-		x.stats.KindCount[k]++
+		x.stats.Time[a.Stage][a.Kind] += dt
+		x.stats.Count[a.Stage][a.Kind]++
 	}
 	for _, a := range actions[x.Rank] {
 		s, mb := a.Stage, a.Microbatch
@@ -457,7 +463,7 @@ func (x *Executor) Run(actions [][]Action, inputs, labels []int32, per int, scal
 			t0, span := time.Now(), trace.BeginAction("F", s, mb)
 			err = set.Forward(inputs[mb*per:(mb+1)*per], labels[mb*per:(mb+1)*per])
 			span.End()
-			timed(a.Kind, t0)
+			timed(a, t0)
 			if err != nil {
 				return 0, err
 			}
@@ -487,7 +493,7 @@ func (x *Executor) Run(actions [][]Action, inputs, labels []int32, per int, scal
 				err = set.BackwardInput(scale)
 			}
 			span.End()
-			timed(a.Kind, t0)
+			timed(a, t0)
 			if err != nil {
 				return 0, err
 			}
@@ -501,7 +507,7 @@ func (x *Executor) Run(actions [][]Action, inputs, labels []int32, per int, scal
 			t0, span := time.Now(), trace.BeginAction("W", s, mb)
 			err := x.live[[2]int{s, mb}].BackwardWeight()
 			span.End()
-			timed(a.Kind, t0)
+			timed(a, t0)
 			if err != nil {
 				return 0, err
 			}

@@ -80,7 +80,7 @@ func TestExecutorReusesTransferBuffers(t *testing.T) {
 		pp, v, m int
 	}{{"GPipe", 2, 1, 4}, {"1F1B", 2, 1, 8}, {"Interleaved1F1B", 2, 2, 8}, {"ZBVZeroBubble", 2, 2, 4}, {"InterleavedZeroBubble", 2, 2, 4}} {
 		t.Run(c.name, func(t *testing.T) {
-			s, err := Build(c.name, c.pp, c.v, c.m, Costs{})
+			s, err := Build(c.name, c.pp, c.v, c.m, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -97,9 +97,10 @@ type Schedule struct {
 	StageRank []int
 	// Actions lists, for each rank, the actions it runs in order.
 	Actions [][]Action
-	// Costs are the stage costs a zero-bubble schedule was ordered for
-	// (zero for the others, whose order does not depend on costs).
-	Costs Costs
+	// Costs are the costs of each stage a zero-bubble schedule was
+	// ordered for (nil for the others, whose order does not depend on
+	// costs).
+	Costs []Costs
 }
 
 // NumStages returns the number of model stages, PP·Virtual.

@@ -48,7 +48,7 @@ func built(t *testing.T) []Schedule {
 	for _, name := range Names {
 		n := 0
 		for _, g := range grid() {
-			s, err := Build(name, g.pp, g.v, g.m, Costs{})
+			s, err := Build(name, g.pp, g.v, g.m, nil)
 			if !supported(name, g.pp, g.v, g.m) {
 				if err == nil {
 					t.Errorf("Build(%s, %d, %d, %d) accepted an unsupported combination", name, g.pp, g.v, g.m)
@@ -129,15 +129,20 @@ func TestBuildErrors(t *testing.T) {
 		{"GPipe", 0, 1, 8, "pp=0"},
 		{"GPipe", 2, 1, 0, "microbatches=0"},
 	} {
-		_, err := Build(tc.name, tc.pp, tc.v, tc.m, Costs{})
+		_, err := Build(tc.name, tc.pp, tc.v, tc.m, nil)
 		if err == nil || !strings.Contains(err.Error(), tc.wantInErr) {
 			t.Errorf("Build(%q, %d, %d, %d) = %v, want error containing %q", tc.name, tc.pp, tc.v, tc.m, err, tc.wantInErr)
 		}
 	}
 	for _, c := range []Costs{{1, -1, 1}, {math.NaN(), 1, 1}, {1, 1, math.Inf(1)}} {
-		if _, err := Build("ZBVZeroBubble", 4, 2, 8, c); err == nil || !strings.Contains(err.Error(), "finite and non-negative") {
-			t.Errorf("Build(ZBVZeroBubble, costs %+v) = %v, want a refusal of the costs", c, err)
+		costs := Uniform(8, Costs{1, 1, 1})
+		costs[5] = c
+		if _, err := Build("ZBVZeroBubble", 4, 2, 8, costs); err == nil || !strings.Contains(err.Error(), "stage 5 costs") || !strings.Contains(err.Error(), "finite and non-negative") {
+			t.Errorf("Build(ZBVZeroBubble, stage 5 costs %+v) = %v, want a refusal of the costs naming the stage", c, err)
 		}
+	}
+	if _, err := Build("ZBVZeroBubble", 4, 2, 8, Uniform(6, Costs{1, 1, 1})); err == nil || !strings.Contains(err.Error(), "6 stage costs for 8 stages") {
+		t.Errorf("Build(ZBVZeroBubble) with 6 costs for 8 stages = %v, want a refusal", err)
 	}
 	for _, name := range []string{"gpipe", "1f1b", "INTERLEAVED1F1B", "zbv", "ZBH1", "loopedbfs"} {
 		if _, err := Canonical(name); err != nil {
@@ -148,7 +153,7 @@ func TestBuildErrors(t *testing.T) {
 
 func TestValidateRejects(t *testing.T) {
 	good := func() Schedule {
-		s, err := Build("1F1B", 2, 1, 2, Costs{})
+		s, err := Build("1F1B", 2, 1, 2, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -178,7 +183,7 @@ func TestValidateRejects(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: Validate() = %v, want error containing %q", tc.what, err, tc.want)
 		}
-		if tl := s.Simulate(1, 1, 0, 0); tl.Err == nil {
+		if tl := simulate(s, 1, 1, 0, 0); tl.Err == nil {
 			t.Errorf("%s: Simulate accepted an invalid schedule", tc.what)
 		}
 	}
@@ -187,16 +192,18 @@ func TestValidateRejects(t *testing.T) {
 	if err := s.Validate(); err == nil {
 		t.Error("Validate accepted two stages on one rank with virtual=1")
 	}
-	if tl := good().Simulate(-1, 1, 0, 0); tl.Err == nil {
+	if tl := simulate(good(), -1, 1, 0, 0); tl.Err == nil {
 		t.Error("Simulate accepted a negative cost")
 	}
 }
 
 // referenceTimes computes every action's start time independently of
 // Simulate: as the longest path in the DAG of data dependencies and
-// same-rank order, by relaxing all edges until nothing changes.
-func referenceTimes(s Schedule, costF, costB, costW, lat float64) map[Action]float64 {
-	cost := map[Kind]float64{Forward: costF, Backward: costB + costW, BackwardInput: costB, BackwardWeight: costW}
+// same-rank order, by relaxing all edges until nothing changes. Stage
+// st's forward costs costF·scale(st), and so on.
+func referenceTimes(s Schedule, costF, costB, costW, lat float64, scale func(int) float64) map[Action]float64 {
+	kind := map[Kind]float64{Forward: costF, Backward: costB + costW, BackwardInput: costB, BackwardWeight: costW}
+	cost := func(a Action) float64 { return kind[a.Kind] * scale(a.Stage) }
 	rankOf := map[Action]int{}
 	prev := map[Action]Action{}
 	split := map[[2]int]bool{}
@@ -239,10 +246,10 @@ func referenceTimes(s Schedule, costF, costB, costW, lat float64) map[Action]flo
 			}
 			t := 0.0
 			if p, ok := prev[a]; ok {
-				t = start[p] + cost[p.Kind]
+				t = start[p] + cost(p)
 			}
 			for _, d := range in {
-				x := start[d] + cost[d.Kind]
+				x := start[d] + cost(d)
 				if rankOf[d] != rankOf[a] {
 					x += lat
 				}
@@ -257,34 +264,53 @@ func referenceTimes(s Schedule, costF, costB, costW, lat float64) map[Action]flo
 	return start
 }
 
+// TestSimulateMatchesReference: every action starts when the reference
+// says, with equal stages and with stages of different costs (a head
+// stage three times as long, or costs rising with the stage).
 func TestSimulateMatchesReference(t *testing.T) {
 	costs := [][4]float64{{1, 1, 1, 0}, {1, 2, 0.5, 0.25}, {0.7, 1.3, 0, 1}}
+	scales := map[string]func(S int) func(int) float64{
+		"equal": func(int) func(int) float64 { return func(int) float64 { return 1 } },
+		"head":  func(S int) func(int) float64 { return func(st int) float64 { return 1 + 2*float64(st/(S-1)) } },
+		"rising": func(S int) func(int) float64 {
+			return func(st int) float64 { return 0.5 + float64(st)/float64(S) }
+		},
+	}
 	for _, s := range built(t) {
 		if s.PP > 4 || s.Microbatches > 8 {
 			continue // keep the quadratic reference fast
 		}
-		for _, c := range costs {
-			tl := s.Simulate(c[0], c[1], c[2], c[3])
-			if tl.Err != nil {
-				t.Fatalf("%s: %v", s.Name, tl.Err)
-			}
-			ref := referenceTimes(s, c[0], c[1], c[2], c[3])
-			var makespan, busy float64
-			for r, evs := range tl.Events {
-				if len(evs) != len(s.Actions[r]) {
-					t.Fatalf("%s rank %d ran %d of %d actions", s.Name, r, len(evs), len(s.Actions[r]))
+		S := s.NumStages()
+		for name, mk := range scales {
+			scale := mk(max(S, 2))
+			for _, c := range costs {
+				per := make([]Costs, S)
+				for st := range per {
+					k := scale(st)
+					per[st] = Costs{c[0] * k, c[1] * k, c[2] * k}
 				}
-				for _, e := range evs {
-					if math.Abs(e.Start-ref[e.Action]) > 1e-9 {
-						t.Fatalf("%s pp=%d v=%d m=%d costs %v: %v starts at %g, reference %g", s.Name, s.PP, s.Virtual, s.Microbatches, c, e.Action, e.Start, ref[e.Action])
+				tl := s.Simulate(per, c[3])
+				if tl.Err != nil {
+					t.Fatalf("%s: %v", s.Name, tl.Err)
+				}
+				ref := referenceTimes(s, c[0], c[1], c[2], c[3], scale)
+				var makespan, busy float64
+				for r, evs := range tl.Events {
+					if len(evs) != len(s.Actions[r]) {
+						t.Fatalf("%s rank %d ran %d of %d actions", s.Name, r, len(evs), len(s.Actions[r]))
 					}
-					makespan = max(makespan, e.End)
-					busy += e.End - e.Start
+					for _, e := range evs {
+						if math.Abs(e.Start-ref[e.Action]) > 1e-9 {
+							t.Fatalf("%s pp=%d v=%d m=%d costs %v, %s stages: %v starts at %g, reference %g", s.Name, s.PP, s.Virtual, s.Microbatches, c, name, e.Action, e.Start, ref[e.Action])
+						}
+						makespan = max(makespan, e.End)
+						busy += e.End - e.Start
+					}
 				}
-			}
-			want := 1 - busy/(makespan*float64(s.PP))
-			if math.Abs(tl.Makespan-makespan) > 1e-9 || math.Abs(tl.Bubble-want) > 1e-12 {
-				t.Fatalf("%s: makespan %g bubble %g, want %g %g", s.Name, tl.Makespan, tl.Bubble, makespan, want)
+				want := 1 - busy/(makespan*float64(s.PP))
+				if math.Abs(tl.Makespan-makespan) > 1e-9 || math.Abs(tl.Bubble-want) > 1e-12 {
+					t.Fatalf("%s: makespan %g bubble %g, want %g %g", s.Name, tl.Makespan, tl.Bubble, makespan, want)
+				}
 			}
 		}
 	}
@@ -305,7 +331,7 @@ func TestBubbleMatchesTheory(t *testing.T) {
 			// Exact for equal F and B, for unequal ones, and for
 			// a full backward of B+W.
 			for _, c := range [][3]float64{{1, 1, 0}, {1, 2, 0}, {1, 1, 1}, {0.5, 1.5, 0.25}} {
-				tl := s.Simulate(c[0], c[1], c[2], 0)
+				tl := simulate(s, c[0], c[1], c[2], 0)
 				if math.Abs(tl.Bubble-th) > 1e-12 {
 					t.Errorf("%s costs %v: bubble %.6f, theory %.6f", id, c, tl.Bubble, th)
 				}
@@ -313,7 +339,7 @@ func TestBubbleMatchesTheory(t *testing.T) {
 		case "InterleavedZeroBubble", "ZBVZeroBubble":
 			// Greedy orderings: never below the formula, and
 			// within 0.02 of it (exact on most of the grid).
-			tl := s.Simulate(1, 1, 1, 0)
+			tl := simulate(s, 1, 1, 1, 0)
 			if tl.Bubble < th-1e-12 || tl.Bubble > th+0.02 {
 				t.Errorf("%s: bubble %.6f, theory %.6f (tolerance +0.02)", id, tl.Bubble, th)
 			}
@@ -322,9 +348,9 @@ func TestBubbleMatchesTheory(t *testing.T) {
 	// ZB-H1 idles a third as long as 1F1B when F = B = W.
 	for _, pp := range []int{2, 4, 8} {
 		for _, m := range []int{8, 16} {
-			a, _ := Build("1F1B", pp, 1, m, Costs{})
-			z, _ := Build("InterleavedZeroBubble", pp, 1, m, Costs{})
-			ia, iz := a.Simulate(1, 1, 1, 0).Idle, z.Simulate(1, 1, 1, 0).Idle
+			a, _ := Build("1F1B", pp, 1, m, nil)
+			z, _ := Build("InterleavedZeroBubble", pp, 1, m, nil)
+			ia, iz := simulate(a, 1, 1, 1, 0).Idle, simulate(z, 1, 1, 1, 0).Idle
 			for r := range pp {
 				if math.Abs(iz[r]*3-ia[r]) > 1e-9 {
 					t.Errorf("pp=%d m=%d rank %d: ZB-H1 idle %g, 1F1B idle %g, want a third", pp, m, r, iz[r], ia[r])
@@ -344,19 +370,19 @@ func TestZeroBubbleOrdersForItsCosts(t *testing.T) {
 	for _, name := range []string{"InterleavedZeroBubble", "ZBVZeroBubble"} {
 		prev := 1.0
 		for _, m := range []int{8, 16, 32} {
-			fit, err := Build(name, 4, 2, m, ac)
+			fit, err := Build(name, 4, 2, m, Uniform(8, ac))
 			if err != nil {
 				t.Fatal(err)
 			}
-			unit, err := Build(name, 4, 2, m, Costs{})
+			unit, err := Build(name, 4, 2, m, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if ones, _ := Build(name, 4, 2, m, Costs{1, 1, 1}); fmt.Sprint(ones.Actions) != fmt.Sprint(unit.Actions) {
-				t.Errorf("%s m=%d: costs {1 1 1} order differently from the zero Costs", name, m)
+			if ones, _ := Build(name, 4, 2, m, Uniform(8, Costs{1, 1, 1})); fmt.Sprint(ones.Actions) != fmt.Sprint(unit.Actions) {
+				t.Errorf("%s m=%d: costs {1 1 1} order differently from no costs", name, m)
 			}
-			b := fit.Simulate(ac.Forward, ac.Input, ac.Weight, 0).Bubble
-			bu := unit.Simulate(ac.Forward, ac.Input, ac.Weight, 0).Bubble
+			b := simulate(fit, ac.Forward, ac.Input, ac.Weight, 0).Bubble
+			bu := simulate(unit, ac.Forward, ac.Input, ac.Weight, 0).Bubble
 			// Both stay below Interleaved1F1B's bubble at v = 2.
 			limit := (4 - 1) / float64(2*m+4-1)
 			if b > limit || b >= bu || b >= prev {
@@ -367,9 +393,36 @@ func TestZeroBubbleOrdersForItsCosts(t *testing.T) {
 	}
 }
 
+// TestZBVOrdersForAHeavyHead: ordered for a last stage (the head) half
+// again as long as the others, ZBV's bubble under those costs is no
+// larger than that of the order made for equal stages, and smaller on
+// two ranks.
+func TestZBVOrdersForAHeavyHead(t *testing.T) {
+	for _, pp := range []int{2, 4} {
+		for _, m := range []int{8, 16} {
+			S := 2 * pp
+			even := Uniform(S, Costs{1, 2, 1})
+			heavy := Uniform(S, Costs{1, 2, 1})
+			heavy[S-1] = Costs{1.5, 3, 1.5}
+			fit, err := Build("ZBV", pp, 2, m, heavy)
+			if err != nil {
+				t.Fatal(err)
+			}
+			blind, err := Build("ZBV", pp, 2, m, even)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, bb := fit.Simulate(heavy, 0).Bubble, blind.Simulate(heavy, 0).Bubble
+			if b > bb || pp == 2 && b >= bb {
+				t.Errorf("pp=%d m=%d: bubble %.4f ordered for the head's cost, %.4f ordered for equal stages; want no larger (smaller on 2 ranks)", pp, m, b, bb)
+			}
+		}
+	}
+}
+
 func TestPeakActivations(t *testing.T) {
 	for _, s := range built(t) {
-		tl := s.Simulate(1, 1, 1, 0)
+		tl := simulate(s, 1, 1, 1, 0)
 		for r, got := range tl.PeakActivations {
 			var want int
 			switch s.Name {
@@ -409,12 +462,12 @@ func TestPeakActivations(t *testing.T) {
 // for GPipe with transfer latency c.
 func TestGPipeLatency(t *testing.T) {
 	for _, tc := range []struct{ pp, m int }{{2, 3}, {4, 8}, {8, 4}} {
-		s, err := Build("GPipe", tc.pp, 1, tc.m, Costs{})
+		s, err := Build("GPipe", tc.pp, 1, tc.m, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		const f, b, c = 1.0, 2.0, 0.3
-		tl := s.Simulate(f, b, 0, c)
+		tl := simulate(s, f, b, 0, c)
 		want := float64(tc.m+tc.pp-1)*(f+b) + 2*float64(tc.pp-1)*c
 		if math.Abs(tl.Makespan-want) > 1e-9 {
 			t.Errorf("pp=%d m=%d: makespan %g, want %g", tc.pp, tc.m, tl.Makespan, want)
@@ -423,8 +476,8 @@ func TestGPipeLatency(t *testing.T) {
 }
 
 func TestRender(t *testing.T) {
-	s, _ := Build("ZBV", 2, 2, 4, Costs{})
-	out := s.Simulate(1, 1, 1, 0).Render()
+	s, _ := Build("ZBV", 2, 2, 4, nil)
+	out := simulate(s, 1, 1, 1, 0).Render()
 	if got := strings.Count(out, "rank "); got != 2 {
 		t.Errorf("render has %d rank rows, want 2:\n%s", got, out)
 	}
@@ -451,11 +504,11 @@ func TestReport(t *testing.T) {
 }
 
 func ExampleTimeline_Render() {
-	s, err := Build("1F1B", 4, 1, 8, Costs{})
+	s, err := Build("1F1B", 4, 1, 8, nil)
 	if err != nil {
 		panic(err)
 	}
-	fmt.Print(s.Simulate(1, 1, 0, 0).Render())
+	fmt.Print(simulate(s, 1, 1, 0, 0).Render())
 	// Output:
 	// 1F1B pp=4 virtual=1 microbatches=8
 	// rank 0 | F0 F1 F2 F3 .  .  .  B0 F4 B1 F5 B2 F6 B3 F7 B4 .  B5 .  B6 .  B7
@@ -474,11 +527,11 @@ func BenchmarkBuildSimulate(b *testing.B) {
 	}{{"1F1B", 1}, {"Interleaved1F1B", 2}, {"InterleavedZeroBubble", 2}, {"ZBVZeroBubble", 2}} {
 		b.Run(tc.name, func(b *testing.B) {
 			for b.Loop() {
-				s, err := Build(tc.name, 8, tc.v, 32, Costs{})
+				s, err := Build(tc.name, 8, tc.v, 32, nil)
 				if err != nil {
 					b.Fatal(err)
 				}
-				if tl := s.Simulate(1, 1, 1, 0); tl.Err != nil {
+				if tl := simulate(s, 1, 1, 1, 0); tl.Err != nil {
 					b.Fatal(tl.Err)
 				}
 			}
@@ -501,7 +554,7 @@ func TestActivationSets(t *testing.T) {
 		{"1F1B", 4, 8, 3, 1},
 		{"1F1B", 2, 2, 0, 2},
 	} {
-		s, err := Build(c.name, c.pp, 1, c.m, Costs{})
+		s, err := Build(c.name, c.pp, 1, c.m, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -523,4 +576,9 @@ func TestActivationSets(t *testing.T) {
 	if peak, split := s.ActivationSets(0); peak[0] != 3 || split[0] != 2 {
 		t.Errorf("split list: %d sets and %d split backwards at once, want 3 and 2", peak[0], split[0])
 	}
+}
+
+// simulate runs s with every stage's costs f, b, w and latency lat.
+func simulate(s Schedule, f, b, w, lat float64) Timeline {
+	return s.Simulate(Uniform(s.NumStages(), Costs{f, b, w}), lat)
 }

@@ -65,11 +65,11 @@ func Report(names []string, pp, v, m int) (string, error) {
 		case "ZBVZeroBubble":
 			vv = 2
 		}
-		s, err := Build(canon, pp, vv, m, Costs{})
+		s, err := Build(canon, pp, vv, m, nil)
 		if err != nil {
 			return "", err
 		}
-		tl := s.Simulate(1, 1, 1, 0)
+		tl := s.Simulate(Uniform(pp*vv, Costs{1, 1, 1}), 0)
 		if tl.Err != nil {
 			return "", tl.Err
 		}

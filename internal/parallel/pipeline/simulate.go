@@ -37,38 +37,36 @@ type Timeline struct {
 	Err error
 }
 
-// Simulate runs the schedule under a cost model: every Forward takes
-// costF, every BackwardInput costB, every BackwardWeight costW and every
-// full Backward costB+costW; an output crossing ranks arrives
-// commLatency after the action that produced it ends, and same-rank
+// Simulate runs the schedule under a cost model: stage st's Forward
+// takes costs[st].Forward, its BackwardInput costs[st].Input, its
+// BackwardWeight costs[st].Weight and its full Backward the last two
+// together (costs has one entry per stage; see Uniform); an output
+// crossing ranks arrives commLatency after the action that produced it
+// ends, and same-rank
 // dependencies are free. Each rank runs its list in order; an action
 // starts as soon as its rank has finished the previous one and all its
 // inputs have arrived. Since a rank's order is fixed, these start times
 // are the earliest the schedule allows and do not depend on the order
 // the simulation visits ranks in.
-func (s Schedule) Simulate(costF, costB, costW, commLatency float64) Timeline {
+func (s Schedule) Simulate(costs []Costs, commLatency float64) Timeline {
 	tl := Timeline{Schedule: s}
-	for _, c := range []float64{costF, costB, costW, commLatency} {
-		if c < 0 || math.IsNaN(c) || math.IsInf(c, 0) {
-			tl.Err = fmt.Errorf("pipeline: simulate %q: costs F=%g B=%g W=%g latency=%g must be finite and >= 0", s.Name, costF, costB, costW, commLatency)
-			return tl
-		}
+	if len(costs) != s.NumStages() {
+		tl.Err = fmt.Errorf("pipeline: simulate %q: %d stage costs for %d stages", s.Name, len(costs), s.NumStages())
+		return tl
+	}
+	if err := checkCosts(costs); err != nil {
+		tl.Err = fmt.Errorf("pipeline: simulate %q: %w", s.Name, err)
+		return tl
+	}
+	if commLatency < 0 || math.IsNaN(commLatency) || math.IsInf(commLatency, 0) {
+		tl.Err = fmt.Errorf("pipeline: simulate %q: latency %g must be finite and >= 0", s.Name, commLatency)
+		return tl
 	}
 	if err := s.Validate(); err != nil {
 		tl.Err = err
 		return tl
 	}
-	cost := func(a Action) float64 {
-		switch a.Kind {
-		case Forward:
-			return costF
-		case BackwardInput:
-			return costB
-		case BackwardWeight:
-			return costW
-		}
-		return costB + costW
-	}
+	cost := func(a Action) float64 { return costs[a.Stage].of(a.Kind) }
 	events, err := s.run(cost, commLatency)
 	if err != nil {
 		tl.Err = err
