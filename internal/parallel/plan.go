@@ -122,6 +122,88 @@ func PassCosts(fam model.Family, T int) func(model.StageSpec) pipeline.Costs {
 	}
 }
 
+// rankWork is each rank's work a step: the costs of its stages' passes
+// (forward, input and weight gradient) added up, as costs prices them.
+func (p PipelinePlan) rankWork(costs func(model.StageSpec) pipeline.Costs) []float64 {
+	work := make([]float64, p.Schedule.PP)
+	for st, spec := range p.Stages {
+		c := costs(spec)
+		work[p.Schedule.StageRank[st]] += c.Forward + c.Input + c.Weight
+	}
+	return work
+}
+
+// imbalance is the busiest rank's work over the mean rank's (1: even).
+func imbalance(work []float64) float64 {
+	var sum, most float64
+	for _, w := range work {
+		sum += w
+		most = max(most, w)
+	}
+	if sum == 0 {
+		return 1
+	}
+	return most * float64(len(work)) / sum
+}
+
+// unevenWork is the imbalance above which BalanceWarning warns: the
+// other ranks then idle over 13 % of every step waiting on the busiest.
+const unevenWork = 1.15
+
+// BalanceWarning returns a warning when plan's busiest pipeline rank has
+// more than unevenWork times the mean rank's work (p.Costs pricing the
+// stages): every rank waits on it at every step. It names the ranks'
+// work, in a layer's forward, backward and weight gradient, and the
+// pipeline_parallel_first_stage_less_layers and _last_stage_less_layers
+// (0 to 4 each) that would even the ranks out best, when any would.
+// It returns "" without costs, without a pipeline, or when the work is
+// even enough.
+func BalanceWarning(numLayers, localBatch int, p PipelineSettings, plan PipelinePlan) string {
+	if p.Costs == nil || p.Degree <= 1 || len(plan.Stages) < 2 {
+		return ""
+	}
+	work := plan.rankWork(p.Costs)
+	got := imbalance(work)
+	if got <= unevenWork {
+		return ""
+	}
+	unit := 0.0
+	for _, spec := range plan.Stages {
+		if !spec.Head && spec.NumLayers > 0 {
+			c := p.Costs(spec)
+			unit = (c.Forward + c.Input + c.Weight) / float64(spec.NumLayers)
+			break
+		}
+	}
+	parts := make([]string, len(work))
+	for r, w := range work {
+		if unit > 0 {
+			parts[r] = fmt.Sprintf("%.3g", w/unit)
+		} else {
+			parts[r] = fmt.Sprintf("%.3g", w)
+		}
+	}
+	msg := fmt.Sprintf("pipeline ranks' work is uneven: %s layers' worth by rank (the head and the embedding counted by their FLOPs), the busiest %.2f× the mean, so the others wait on it every step", strings.Join(parts, ", "), got)
+	bestIn, bestOut, best := p.FirstLessLayers, p.LastLessLayers, got
+	for in := 0; in <= 4; in++ {
+		for out := 0; out <= 4; out++ {
+			q := p
+			q.FirstLessLayers, q.LastLessLayers = in, out
+			alt, err := PlanPipeline(numLayers, localBatch, q)
+			if err != nil {
+				continue
+			}
+			if b := imbalance(alt.rankWork(p.Costs)); b < best-1e-9 {
+				bestIn, bestOut, best = in, out, b
+			}
+		}
+	}
+	if best < got-0.02 {
+		msg += fmt.Sprintf("; parallelism.pipeline_parallel_first_stage_less_layers = %d and pipeline_parallel_last_stage_less_layers = %d would make it %.2f×", bestIn, bestOut, best)
+	}
+	return msg
+}
+
 // PlanPipeline resolves the pipeline layout of a model of numLayers
 // layers for local batches of localBatch rows. As torchtitan does, the
 // stages per rank come from LayersPerStage when set (the stages are then

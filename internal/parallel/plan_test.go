@@ -4,6 +4,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/titan-go/titan/internal/model"
+	"github.com/titan-go/titan/internal/parallel/pipeline"
 )
 
 // TestSplitLayers checks the layer split against torchtitan's rule
@@ -100,6 +103,57 @@ func TestPipelinePlanString(t *testing.T) {
 		}
 		if got := p.String(); strings.Contains(got, c.want) == c.absent {
 			t.Errorf("%s: %q, want it %s %q", c.schedule, got, map[bool]string{false: "to contain", true: "not to contain"}[c.absent], c.want)
+		}
+	}
+}
+
+// TestBalanceWarning: a pipeline whose busiest rank carries over 1.15×
+// the mean rank's work (stages priced as layers plus a head of 0.57
+// layers) is warned of, with each rank's work in layers and the
+// first/last-stage-less-layers that even it out best; an even enough
+// pipeline, or one without costs, is not.
+func TestBalanceWarning(t *testing.T) {
+	const head = 0.57
+	costs := func(s model.StageSpec) pipeline.Costs {
+		w := float64(s.NumLayers)
+		if s.Head {
+			w += head
+		}
+		return pipeline.Costs{Forward: w, Input: w, Weight: w}
+	}
+	for _, c := range []struct {
+		name     string
+		s        PipelineSettings
+		want     []string // "" entries: no warning
+		noCosts  bool
+		noAdvice bool
+	}{
+		{name: "ZBV, less 1/1: stages of 2, 3, 2, 1 layers, rank 0 holding the first and the last",
+			s:    PipelineSettings{Degree: 2, Schedule: "ZBVZeroBubble", FirstLessLayers: 1, LastLessLayers: 1, MicrobatchSize: 1},
+			want: []string{"3.57, 5 layers' worth by rank", "the busiest 1.17× the mean", "first_stage_less_layers = 0 and pipeline_parallel_last_stage_less_layers = 0 would make it 1.07×"}},
+		{name: "1F1B, less 0/0: 4 against 4.57, even enough",
+			s: PipelineSettings{Degree: 2, Schedule: "1F1B", MicrobatchSize: 1}},
+		{name: "1F1B, less 0/3: 6 layers against 2 and the head; 0/0 evens it best",
+			s:    PipelineSettings{Degree: 2, Schedule: "1F1B", LastLessLayers: 3, MicrobatchSize: 1},
+			want: []string{"6, 2.57 layers' worth", "the busiest 1.40× the mean", "= 0 and pipeline_parallel_last_stage_less_layers = 0 would make it 1.07×"}},
+		{name: "no costs", noCosts: true,
+			s: PipelineSettings{Degree: 2, Schedule: "ZBVZeroBubble", FirstLessLayers: 1, LastLessLayers: 1, MicrobatchSize: 1}},
+	} {
+		if !c.noCosts {
+			c.s.Costs = costs
+		}
+		p, err := PlanPipeline(8, 8, c.s)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		got := BalanceWarning(8, 8, c.s, p)
+		if (got == "") != (len(c.want) == 0) {
+			t.Errorf("%s: warning %q, want one: %v", c.name, got, len(c.want) > 0)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("%s: warning %q lacks %q", c.name, got, w)
+			}
 		}
 	}
 }

@@ -217,6 +217,18 @@ func New(job *config.Job, dev Device, out io.Writer, dist *Dist) (*Trainer, erro
 	return tr, nil
 }
 
+// pipelineSettings are the job's parallelism.pipeline_parallel_* keys,
+// with fam's stage costs.
+func pipelineSettings(job *config.Job, fam model.Family) parallel.PipelineSettings {
+	p := job.Parallelism
+	return parallel.PipelineSettings{
+		Degree: p.PipelineParallelDegree, Schedule: p.PipelineParallelSchedule, LayersPerStage: p.PipelineParallelLayersPerStage,
+		FirstLessLayers: p.PipelineParallelFirstStageLessLayers, LastLessLayers: p.PipelineParallelLastStageLessLayers,
+		MicrobatchSize: p.PipelineParallelMicrobatchSize,
+		Costs:          parallel.PassCosts(fam, job.Training.SeqLen),
+	}
+}
+
 // checkParallelism lays the world out on the [parallelism] mesh, refuses
 // the layouts the model's shapes cannot split (pipeline stages, tensor
 // and context parallel checks) and returns the mesh with the resolved
@@ -227,12 +239,7 @@ func checkParallelism(job *config.Job, fam model.Family, world int) (*mesh.Mesh,
 	if _, err := fsdp.ParseReshard(p.FSDPReshardAfterForward); err != nil {
 		return nil, none, fmt.Errorf("parallelism: %w", err)
 	}
-	pplan, err := parallel.PlanPipeline(fam.NumLayers(), job.Training.LocalBatchSize, parallel.PipelineSettings{
-		Degree: p.PipelineParallelDegree, Schedule: p.PipelineParallelSchedule, LayersPerStage: p.PipelineParallelLayersPerStage,
-		FirstLessLayers: p.PipelineParallelFirstStageLessLayers, LastLessLayers: p.PipelineParallelLastStageLessLayers,
-		MicrobatchSize: p.PipelineParallelMicrobatchSize,
-		Costs:          parallel.PassCosts(fam, job.Training.SeqLen),
-	})
+	pplan, err := parallel.PlanPipeline(fam.NumLayers(), job.Training.LocalBatchSize, pipelineSettings(job, fam))
 	if err != nil {
 		return nil, none, err
 	}
@@ -413,6 +420,9 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 	}
 	if tr.mesh.PP > 1 {
 		tr.log.Printf("titan: pipeline %s", tr.pplan)
+		if w := parallel.BalanceWarning(tr.fam.NumLayers(), B, pipelineSettings(job, tr.fam), tr.pplan); w != "" {
+			tr.log.Printf("titan: warning: %s", w)
+		}
 	}
 	if job.Training.Deterministic {
 		tr.log.Printf("titan: deterministic: on (titan's kernels and collectives are deterministic in every mode: a run reproduces bit for bit)")
