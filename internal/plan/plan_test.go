@@ -210,6 +210,9 @@ func TestBubbleIsSimulation(t *testing.T) {
 		if p.BubbleFraction != sim.Bubble || math.Abs(b.Bubble-least) > 1e-9*sim.Makespan {
 			t.Errorf("%s: bubble %g s (fraction %.4f), simulation's least idle rank %g s (fraction %.4f)", sched, b.Bubble, p.BubbleFraction, least, sim.Bubble)
 		}
+		if !slices.Equal(p.RankCompute, sim.Busy) {
+			t.Errorf("%s: ranks' compute %v, simulation's busy %v", sched, p.RankCompute, sim.Busy)
+		}
 		if slices.Max(sim.Idle)-least < 1e-6*sim.Makespan {
 			t.Errorf("%s: every rank idles %g s: the head's stage should make the ranks unequal", sched, least)
 		}

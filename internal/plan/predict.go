@@ -102,6 +102,10 @@ type Prediction struct {
 	// without one); BubbleFraction is the simulated schedule's.
 	Microbatches   int
 	BubbleFraction float64
+	// RankCompute is each pipeline rank's compute in the step (its
+	// stages' passes, all accumulated local batches), in rank order; nil
+	// without pipeline parallelism.
+	RankCompute []float64
 	// TokensPerDevice is tokens/s per rank, MFU the model FLOPs
 	// (torchtitan's count, llama.Config.FLOPsPerToken) per second as a
 	// fraction of the device's peak (bf16; fp32 on a CPU).
@@ -300,6 +304,12 @@ func predict(job Job, c cluster.Cluster, cal Calibration, onlyFitting bool) (Pre
 	step = step.accumulated(l.accum())
 	pred.Step = step
 	pred.Microbatches, pred.BubbleFraction = sim.Schedule.Microbatches, sim.Bubble
+	if l.Degrees.PP > 1 {
+		pred.RankCompute = make([]float64, len(sim.Busy))
+		for r, b := range sim.Busy {
+			pred.RankCompute[r] = b * float64(l.accum())
+		}
+	}
 	d := l.Degrees
 	tokens := float64(l.accum()*l.LocalBatch*l.SeqLen) / float64(d.TP*d.CP*d.PP)
 	pred.TokensPerDevice = tokens / step.Step

@@ -54,6 +54,7 @@ type JSONPrediction struct {
 	FSDPTotal       float64     `json:"fsdp_comm_total_seconds"`
 	DPTotal         float64     `json:"dp_comm_total_seconds"`
 	BubbleFraction  float64     `json:"bubble_fraction"`
+	RankCompute     []float64   `json:"compute_seconds_per_pipeline_rank,omitempty"`
 	TokensPerDevice float64     `json:"tokens_per_sec_per_device"`
 	MFU             float64     `json:"mfu"`
 	Why             string      `json:"why_slower,omitempty"`
@@ -106,6 +107,7 @@ func (p Prediction) JSON() JSONPrediction {
 	j.Memory.Loss, j.Memory.PipelineGrads, j.Memory.PipelineSets, j.Memory.SAC = p.LossBytes, p.PipelineGradBytes, p.PipelineSetBytes, p.SACBytes
 	j.Step, j.StepTotal, j.FSDPTotal, j.DPTotal = p.Step.parts(), p.Step.Step, p.Step.FSDPTotal, p.Step.DPTotal
 	j.BubbleFraction, j.TokensPerDevice, j.MFU = p.BubbleFraction, p.TokensPerDevice, p.MFU
+	j.RankCompute = p.RankCompute
 	return j
 }
 
@@ -170,6 +172,15 @@ func WriteTable(w io.Writer, p Prediction, cal Calibration) {
 	}
 	if l.Degrees.PP > 1 {
 		fmt.Fprintf(w, "pipeline: %s over %d microbatches of %d, simulated bubble %.1f%% of the schedule's makespan\n", l.Schedule, p.Microbatches, l.MicrobatchRows, 100*p.BubbleFraction)
+		if len(p.RankCompute) > 1 {
+			busy := make([]string, len(p.RankCompute))
+			var sum, most float64
+			for r, t := range p.RankCompute {
+				busy[r] = seconds(t)
+				sum, most = sum+t, max(most, t)
+			}
+			fmt.Fprintf(w, "pipeline ranks' compute: %s (the busiest %.2f× the mean)\n", strings.Join(busy, ", "), most*float64(len(busy))/sum)
+		}
 	}
 	fmt.Fprintf(w, "tokens/s per device %.4g, MFU %.1f%%\n", p.TokensPerDevice, 100*p.MFU)
 }
