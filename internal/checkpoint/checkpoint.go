@@ -39,6 +39,7 @@
 package checkpoint
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"hash/crc32"
@@ -46,6 +47,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -360,11 +362,15 @@ func MemReader(name string, shards []Shard) (*Reader, error) {
 // sortChunks orders every tensor's chunks by offset (validate has checked
 // that they do not overlap).
 func (m *Metadata) sortChunks() {
-	for name, t := range m.Tensors {
-		sort.Slice(t.Chunks, func(i, j int) bool { return t.Chunks[i].Offset < t.Chunks[j].Offset })
-		m.Tensors[name] = t
+	for _, t := range m.Tensors {
+		if !slices.IsSortedFunc(t.Chunks, byOffset) {
+			slices.SortFunc(t.Chunks, byOffset)
+		}
 	}
 }
+
+// byOffset orders chunks by their offset in the tensor.
+func byOffset(a, b Chunk) int { return cmp.Compare(a.Offset, b.Offset) }
 
 // Has reports whether the checkpoint holds tensor name.
 func (r *Reader) Has(name string) bool { _, ok := r.Meta.Tensors[name]; return ok }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -57,22 +58,30 @@ func (m *Metadata) validate(dir string) error {
 		return fmt.Errorf("checkpoint: %s: contents %q is not %q or %q", mp, m.Contents, ContentsFull, ContentsModel)
 	}
 	sizes := map[string]int64{}
-	fileSize := func(what, file string) (int64, error) {
+	// fileSize is the size of file, which holds a tensor's chunk (or a
+	// state, blob) named name.
+	fileSize := func(name string, blob bool, file string) (int64, error) {
 		if n, ok := sizes[file]; ok {
 			return n, nil
 		}
+		what := func() string { // built only for an error: once per chunk is garbage
+			if blob {
+				return "state " + strconv.Quote(name)
+			}
+			return "tensor " + strconv.Quote(name)
+		}
 		if !plainName(file) {
-			return 0, fmt.Errorf("checkpoint: %s: %s names file %q, which is not a plain file name of the step folder", mp, what, file)
+			return 0, fmt.Errorf("checkpoint: %s: %s names file %q, which is not a plain file name of the step folder", mp, what(), file)
 		}
 		st, err := os.Stat(filepath.Join(dir, file))
 		if errors.Is(err, os.ErrNotExist) {
-			return 0, fmt.Errorf("checkpoint: %s: missing shard file %s (of %s)", dir, file, what)
+			return 0, fmt.Errorf("checkpoint: %s: missing shard file %s (of %s)", dir, file, what())
 		}
 		if err != nil {
 			return 0, fmt.Errorf("checkpoint: %s: %w", dir, err)
 		}
 		if !st.Mode().IsRegular() {
-			return 0, fmt.Errorf("checkpoint: %s: %s (of %s) is not a regular file", dir, file, what)
+			return 0, fmt.Errorf("checkpoint: %s: %s (of %s) is not a regular file", dir, file, what())
 		}
 		sizes[file] = st.Size()
 		return st.Size(), nil
@@ -85,12 +94,11 @@ func (m *Metadata) validate(dir string) error {
 		if err != nil {
 			return fmt.Errorf("checkpoint: %s: tensor %q: %w", mp, name, err)
 		}
-		chunks := append([]Chunk(nil), t.Chunks...)
-		for _, c := range chunks {
+		for _, c := range t.Chunks {
 			if c.Offset < 0 || c.Len < 0 || c.Offset > n || c.Len > n-c.Offset {
 				return fmt.Errorf("checkpoint: %s: chunk %d+%d of %s lies outside its shape %v", dir, c.Offset, c.Len, name, t.Shape)
 			}
-			size, err := fileSize("tensor "+strconv.Quote(name), c.File)
+			size, err := fileSize(name, false, c.File)
 			if err != nil {
 				return err
 			}
@@ -98,7 +106,12 @@ func (m *Metadata) validate(dir string) error {
 				return fmt.Errorf("checkpoint: %s: %s is truncated: chunk of %s at byte %d needs %d bytes, the file has %d", dir, c.File, name, c.Pos, int64(c.Len)*4, size)
 			}
 		}
-		sort.Slice(chunks, func(i, j int) bool { return chunks[i].Offset < chunks[j].Offset })
+		// Checked in offset order: on a sorted copy when they are out of
+		// order, so that m keeps the order they were written in.
+		chunks := t.Chunks
+		if !slices.IsSortedFunc(chunks, byOffset) {
+			chunks = slices.SortedFunc(slices.Values(chunks), byOffset)
+		}
 		covered := 0
 		for i, c := range chunks {
 			if a := chunks[max(i-1, 0)]; i > 0 && c.Offset < a.Offset+a.Len {
@@ -113,7 +126,7 @@ func (m *Metadata) validate(dir string) error {
 		}
 	}
 	for name, b := range m.Blobs {
-		size, err := fileSize("state "+strconv.Quote(name), b.File)
+		size, err := fileSize(name, true, b.File)
 		if err != nil {
 			return err
 		}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -127,8 +128,11 @@ func (p *Pending) WritePart(rank int, shards []Shard, blobs map[string][]byte) (
 	return syncDir(p.Dir)
 }
 
-// writeData writes the shards into rank's data file, one chunk each,
-// recording them in tensors.
+// writeData writes the shards into rank's data file, recording them in
+// tensors: one chunk each, except that a shard that continues the one
+// written before it (the same tensor, the next elements) extends its
+// chunk, so that a tensor handed over row by row (a column-sharded
+// weight without tensor parallelism) is one chunk, not thousands.
 func (p *Pending) writeData(rank int, shards []Shard, tensors map[string]TensorMeta) error {
 	file := DataFile(rank)
 	f, err := createFile(filepath.Join(p.Dir, file))
@@ -136,17 +140,34 @@ func (p *Pending) writeData(rank int, shards []Shard, tensors map[string]TensorM
 		return fmt.Errorf("checkpoint: %w", err)
 	}
 	var pos int64
-	buf := make([]byte, 0, 1<<20)
+	var buf []byte // leBytes's, on a big-endian machine
 	for _, s := range shards {
 		if s.Offset < 0 || s.Offset+len(s.Data) > numel(s.Shape) {
 			f.Close()
 			return fmt.Errorf("checkpoint: shard of %s at %d+%d exceeds its shape %v", s.Name, s.Offset, len(s.Data), s.Shape)
 		}
+		tm := tensors[s.Name]
+		if tm.Shape == nil {
+			tm = TensorMeta{DType: "float32", Shape: s.Shape}
+		}
+		// The chunk this shard extends: the last one, when it ends
+		// where the shard begins, both in the tensor and in the file.
+		var last *Chunk
+		if k := len(tm.Chunks) - 1; k >= 0 {
+			if c := &tm.Chunks[k]; c.Offset+c.Len == s.Offset && c.Pos+4*int64(c.Len) == pos {
+				last = c
+			}
+		}
 		crc := uint32(0)
+		if last != nil {
+			crc = last.CRC32C // continued over the shard's bytes
+		}
 		for i := 0; i < len(s.Data); {
-			n := min(len(s.Data)-i, cap(buf)/4)
-			chunk := s.Data[i : i+n]
-			b := leBytes(chunk, buf)
+			n := min(len(s.Data)-i, writeBlock)
+			if !nativeLE && buf == nil {
+				buf = make([]byte, 4*writeBlock)
+			}
+			b := leBytes(s.Data[i:i+n], buf)
 			crc = crc32.Update(crc, castagnoli, b)
 			if _, err := f.Write(b); err != nil {
 				f.Close()
@@ -154,11 +175,12 @@ func (p *Pending) writeData(rank int, shards []Shard, tensors map[string]TensorM
 			}
 			i += n
 		}
-		tm := tensors[s.Name]
-		if tm.Shape == nil {
-			tm = TensorMeta{DType: "float32", Shape: s.Shape}
+		if last != nil {
+			last.Len += len(s.Data)
+			last.CRC32C = crc
+		} else {
+			tm.Chunks = append(tm.Chunks, Chunk{Offset: s.Offset, Len: len(s.Data), File: file, Pos: pos, CRC32C: crc})
 		}
-		tm.Chunks = append(tm.Chunks, Chunk{Offset: s.Offset, Len: len(s.Data), File: file, Pos: pos, CRC32C: crc})
 		tensors[s.Name] = tm
 		pos += int64(4 * len(s.Data))
 		if hook := writeHook; hook != nil {
@@ -170,6 +192,10 @@ func (p *Pending) writeData(rank int, shards []Shard, tensors map[string]TensorM
 	}
 	return nil
 }
+
+// writeBlock is the elements writeData writes (and converts, on a
+// big-endian machine) at a time.
+const writeBlock = 1 << 18
 
 // nativeLE reports whether this machine stores float32 little-endian, as
 // the data files do: then the bytes of a []float32 are written and read
@@ -256,22 +282,27 @@ func (p *Pending) Commit(layout Layout, timeout time.Duration) error {
 	}
 	for _, pt := range parts {
 		rp := RankPart{Rank: pt.Rank}
+		file := DataFile(pt.Rank)
 		for name, t := range pt.Tensors {
 			m, ok := meta.Tensors[name]
 			if !ok {
 				m = TensorMeta{DType: t.DType, Shape: t.Shape}
-			} else if m.DType != t.DType || fmt.Sprint(m.Shape) != fmt.Sprint(t.Shape) {
+			} else if m.DType != t.DType || !slices.Equal(m.Shape, t.Shape) {
 				return fmt.Errorf("checkpoint: %s: rank %d wrote %s as %s %v, another rank as %s %v", p.Dir, pt.Rank, name, t.DType, t.Shape, m.DType, m.Shape)
 			}
 			for _, c := range t.Chunks {
-				if c.File != DataFile(pt.Rank) {
+				if c.File != file {
 					return fmt.Errorf("checkpoint: %s: the part of rank %d names file %q", p.Dir, pt.Rank, c.File)
 				}
 				rp.File = c.File
 				rp.Bytes += 4 * int64(c.Len)
 				rp.Chunks++
 			}
-			m.Chunks = append(m.Chunks, t.Chunks...)
+			if m.Chunks == nil {
+				m.Chunks = t.Chunks // the part's own list: nothing else uses it
+			} else {
+				m.Chunks = append(m.Chunks, t.Chunks...)
+			}
 			meta.Tensors[name] = m
 		}
 		for name, b := range pt.Blobs {

@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -247,5 +248,63 @@ func TestSaveReplacesTheSameStep(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(folder); len(ents) != 1 {
 		t.Errorf("folder holds %d entries, want only step-5", len(ents))
+	}
+}
+
+// TestContiguousShardsOneChunk checks that shards continuing the one
+// written before them (the same tensor, the next elements) are stored as
+// one chunk whose checksum covers them all, and that shards that do not
+// (out of order, interleaved with another tensor) keep chunks of their
+// own; every element reads back either way.
+func TestContiguousShardsOneChunk(t *testing.T) {
+	dir := t.TempDir()
+	data := make([]float32, 40)
+	for i := range data {
+		data[i] = float32(i)
+	}
+	shape := []int{4, 5}
+	shards := []Shard{
+		// a: rows 0, 1, 2 in order: one chunk; then row 0 of b, then
+		// a's last row, which no longer follows a's chunk in the file.
+		{Name: "a", Shape: shape, Offset: 0, Data: data[0:5]},
+		{Name: "a", Shape: shape, Offset: 5, Data: data[5:10]},
+		{Name: "a", Shape: shape, Offset: 10, Data: data[10:15]},
+		{Name: "b", Shape: shape, Offset: 0, Data: data[20:25]},
+		{Name: "a", Shape: shape, Offset: 15, Data: data[15:20]},
+		// b: rows 3 and 2, backwards: two chunks; then row 1.
+		{Name: "b", Shape: shape, Offset: 15, Data: data[35:40]},
+		{Name: "b", Shape: shape, Offset: 10, Data: data[30:35]},
+		{Name: "b", Shape: shape, Offset: 5, Data: data[25:30]},
+	}
+	if err := Save(dir, 1, shards, nil); err != nil {
+		t.Fatal(err)
+	}
+	rd, err := Open(StepDir(dir, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	if err := rd.Verify(); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string][][2]int{"a": {{0, 15}, {15, 5}}, "b": {{0, 5}, {5, 5}, {10, 5}, {15, 5}}} {
+		var got [][2]int
+		for _, c := range rd.Meta.Tensors[name].Chunks {
+			got = append(got, [2]int{c.Offset, c.Len})
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("chunks of %s (offset, len): %v, want %v", name, got, want)
+		}
+	}
+	for name, off := range map[string]int{"a": 0, "b": 20} {
+		got := make([]float32, 20)
+		if err := rd.Read(name, 0, got); err != nil {
+			t.Fatal(err)
+		}
+		for i, v := range got {
+			if v != data[off+i] {
+				t.Fatalf("%s[%d] = %v, want %v", name, i, v, data[off+i])
+			}
+		}
 	}
 }
