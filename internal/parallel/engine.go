@@ -1,6 +1,7 @@
 package parallel
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/titan-go/titan/internal/backend"
@@ -781,6 +782,9 @@ func (e *engine) PipelineStep() (*PipelineStep, error) {
 		return nil, nil
 	}
 	st := e.stats
+	if len(st.Time) == 0 {
+		return nil, errors.New("parallel: no pipeline step measured yet")
+	}
 	v := []float64{st.Busy.Seconds(), st.Wall.Seconds()}
 	// Then, per stage and kind, the time and the count: every stage's
 	// run on one rank, so the sums over the world are that rank's.
@@ -803,12 +807,12 @@ func (e *engine) PipelineStep() (*PipelineStep, error) {
 	// (s < 0: every stage's).
 	mean := func(s int, kinds ...pipeline.Kind) float64 {
 		var t, n float64
-		for st := range len(st.Time) {
-			if s >= 0 && st != s {
+		for x := range len(st.Time) {
+			if s >= 0 && x != s {
 				continue
 			}
 			for _, k := range kinds {
-				dt, dn := at(st, k)
+				dt, dn := at(x, k)
 				t, n = t+dt, n+dn
 			}
 		}
