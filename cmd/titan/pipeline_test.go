@@ -123,6 +123,17 @@ func TestPipelineParallelRefusesBadLayouts(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error()+out, c.want) {
 				t.Fatalf("got %v\n%s\nwant an error containing %q", err, out, c.want)
 			}
+			// titan config validate refuses the same layout, before
+			// any process starts.
+			vargs := []string{"config", "validate", "--recipe", "../../recipes/llama3_debug.toml", "--set", "model.flavor=tiny_bench",
+				"--set", "training.local_batch_size=2", "--set", "parallelism.pipeline_parallel_degree=2"}
+			for _, s := range c.set {
+				vargs = append(vargs, "--set", s)
+			}
+			out, err = titan(t, vargs...)
+			if err == nil || !strings.Contains(err.Error()+out, c.want) {
+				t.Fatalf("config validate: got %v\n%s\nwant an error containing %q", err, out, c.want)
+			}
 		})
 	}
 }

@@ -178,7 +178,7 @@ func newConfigCmd() *cobra.Command {
 	show.register(showCmd)
 	validateCmd := &cobra.Command{
 		Use:     "validate",
-		Short:   "Check a recipe: keys, types and values",
+		Short:   "Check a recipe: keys, types, values and the parallel layout",
 		Example: `  titan config validate --recipe recipes/llama3_405b.toml`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -186,7 +186,11 @@ func newConfigCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if _, err := train.ModelFamily(job); err != nil {
+			fam, err := train.ModelFamily(job)
+			if err != nil {
+				return err
+			}
+			if err := train.CheckLayout(job, fam); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok\n", validate.recipe)

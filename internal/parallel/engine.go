@@ -73,8 +73,12 @@ type PipelineStep struct {
 	// F, B and W are the mean times (seconds) of a forward, a backward
 	// (or its input half) and a weight-gradient action.
 	F, B, W float64
-	// Simulated is the schedule's simulated bubble with each stage's
-	// mean costs, and Theory the unit-cost formula's.
+	// StageCosts are each stage's mean times (seconds) of a forward,
+	// an input gradient (a whole backward when it does not split) and a
+	// weight gradient.
+	StageCosts []pipeline.Costs
+	// Simulated is the schedule's simulated bubble with StageCosts, and
+	// Theory the unit-cost formula's.
 	Simulated, Theory float64
 }
 
@@ -831,6 +835,7 @@ func (e *engine) PipelineStep() (*PipelineStep, error) {
 	if split(0) {
 		p.B, p.W = mean(-1, pipeline.BackwardInput), mean(-1, pipeline.BackwardWeight)
 	}
+	p.StageCosts = costs
 	sched := p.Schedule
 	sim := sched.Simulate(costs, 0)
 	if sim.Err != nil {

@@ -2,6 +2,7 @@ package parallel
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -27,7 +28,11 @@ func (p PipelinePlan) String() string {
 		layers[i] = strconv.Itoa(s.NumLayers)
 	}
 	sc := p.Schedule
-	s := fmt.Sprintf("%s on %d ranks: %d stages of %s layers (%d stages per rank), %d microbatches of %d", sc.Name, sc.PP, len(p.Stages), strings.Join(layers, ", "), sc.Virtual, sc.Microbatches, p.MicrobatchRows)
+	per := "1 stage per rank"
+	if sc.Virtual != 1 {
+		per = fmt.Sprintf("%d stages per rank", sc.Virtual)
+	}
+	s := fmt.Sprintf("%s on %d ranks: %d stages of %s layers (%s), %d microbatches of %d", sc.Name, sc.PP, len(p.Stages), strings.Join(layers, ", "), per, sc.Microbatches, p.MicrobatchRows)
 	if per := p.rankLayers(); per != "" {
 		s += ", " + per
 	}
@@ -123,14 +128,22 @@ func PassCosts(fam model.Family, T int) func(model.StageSpec) pipeline.Costs {
 }
 
 // rankWork is each rank's work a step: the costs of its stages' passes
-// (forward, input and weight gradient) added up, as costs prices them.
-func (p PipelinePlan) rankWork(costs func(model.StageSpec) pipeline.Costs) []float64 {
+// (forward, input and weight gradient) added up.
+func (p PipelinePlan) rankWork(costs []pipeline.Costs) []float64 {
 	work := make([]float64, p.Schedule.PP)
-	for st, spec := range p.Stages {
-		c := costs(spec)
+	for st, c := range costs {
 		work[p.Schedule.StageRank[st]] += c.Forward + c.Input + c.Weight
 	}
 	return work
+}
+
+// priced returns the costs p.Costs gives plan's stages.
+func (p PipelineSettings) priced(plan PipelinePlan) []pipeline.Costs {
+	out := make([]pipeline.Costs, len(plan.Stages))
+	for st, spec := range plan.Stages {
+		out[st] = p.Costs(spec)
+	}
+	return out
 }
 
 // imbalance is the busiest rank's work over the mean rank's (1: even).
@@ -150,41 +163,50 @@ func imbalance(work []float64) float64 {
 // other ranks then idle over 13 % of every step waiting on the busiest.
 const unevenWork = 1.15
 
-// BalanceWarning returns a warning when plan's busiest pipeline rank has
-// more than unevenWork times the mean rank's work (p.Costs pricing the
-// stages): every rank waits on it at every step. It names the ranks'
-// work, in a layer's forward, backward and weight gradient, and the
+// modelSlack is how far (relative) the model's share of a rank's work
+// (p.Costs) may be from the measured share for BalanceWarning to trust
+// the model with other splits of the layers.
+const modelSlack = 0.10
+
+// BalanceWarning returns a warning when the busiest rank of plan has
+// more than unevenWork times the mean rank's work, as measured (each
+// stage's mean times of its passes, PipelineStep.StageCosts): every rank
+// waits on it at every step. It names each rank's measured compute.
+// When the stage costs p.Costs gives (FLOPs) share the work out among
+// the ranks as measured, within modelSlack, it also names the
 // pipeline_parallel_first_stage_less_layers and _last_stage_less_layers
-// (0 to 4 each) that would even the ranks out best, when any would.
-// It returns "" without costs, without a pipeline, or when the work is
+// (0 to 4 each) that would even the ranks out best by those costs, or
+// says that none does better; otherwise it says that the FLOPs do not
+// tell. It returns "" without costs or a pipeline, or when the work is
 // even enough.
-func BalanceWarning(numLayers, localBatch int, p PipelineSettings, plan PipelinePlan) string {
-	if p.Costs == nil || p.Degree <= 1 || len(plan.Stages) < 2 {
+func BalanceWarning(numLayers, localBatch int, p PipelineSettings, plan PipelinePlan, measured []pipeline.Costs) string {
+	if p.Costs == nil || p.Degree <= 1 || len(plan.Stages) < 2 || len(measured) != len(plan.Stages) {
 		return ""
 	}
-	work := plan.rankWork(p.Costs)
+	m := float64(plan.Schedule.Microbatches)
+	work := plan.rankWork(measured)
 	got := imbalance(work)
 	if got <= unevenWork {
 		return ""
 	}
-	unit := 0.0
-	for _, spec := range plan.Stages {
-		if !spec.Head && spec.NumLayers > 0 {
-			c := p.Costs(spec)
-			unit = (c.Forward + c.Input + c.Weight) / float64(spec.NumLayers)
-			break
-		}
-	}
 	parts := make([]string, len(work))
+	var sum float64
 	for r, w := range work {
-		if unit > 0 {
-			parts[r] = fmt.Sprintf("%.3g", w/unit)
-		} else {
-			parts[r] = fmt.Sprintf("%.3g", w)
+		parts[r] = fmt.Sprintf("%.0f", 1e3*m*w)
+		sum += w
+	}
+	msg := fmt.Sprintf("pipeline ranks' work is uneven: %s ms of compute a step by rank, the busiest %.2f× the mean, so the others wait on it every step", strings.Join(parts, ", "), got)
+	model := plan.rankWork(p.priced(plan))
+	var msum float64
+	for _, w := range model {
+		msum += w
+	}
+	for r := range work {
+		if math.Abs(model[r]/msum/(work[r]/sum)-1) > modelSlack {
+			return msg + fmt.Sprintf("; the stages' FLOPs share it out otherwise (the busiest %.2f×), so they cannot tell which parallelism.pipeline_parallel_first_stage_less_layers and _last_stage_less_layers would even it out", imbalance(model))
 		}
 	}
-	msg := fmt.Sprintf("pipeline ranks' work is uneven: %s layers' worth by rank (the head and the embedding counted by their FLOPs), the busiest %.2f× the mean, so the others wait on it every step", strings.Join(parts, ", "), got)
-	bestIn, bestOut, best := p.FirstLessLayers, p.LastLessLayers, got
+	bestIn, bestOut, best := p.FirstLessLayers, p.LastLessLayers, imbalance(model)
 	for in := 0; in <= 4; in++ {
 		for out := 0; out <= 4; out++ {
 			q := p
@@ -193,15 +215,15 @@ func BalanceWarning(numLayers, localBatch int, p PipelineSettings, plan Pipeline
 			if err != nil {
 				continue
 			}
-			if b := imbalance(alt.rankWork(p.Costs)); b < best-1e-9 {
+			if b := imbalance(alt.rankWork(q.priced(alt))); b < best-1e-9 {
 				bestIn, bestOut, best = in, out, b
 			}
 		}
 	}
-	if best < got-0.02 {
-		msg += fmt.Sprintf("; parallelism.pipeline_parallel_first_stage_less_layers = %d and pipeline_parallel_last_stage_less_layers = %d would make it %.2f×", bestIn, bestOut, best)
+	if best < imbalance(model)-0.02 {
+		return msg + fmt.Sprintf("; by the stages' FLOPs, parallelism.pipeline_parallel_first_stage_less_layers = %d and pipeline_parallel_last_stage_less_layers = %d would make it %.2f×", bestIn, bestOut, best)
 	}
-	return msg
+	return msg + fmt.Sprintf("; by the stages' FLOPs no parallelism.pipeline_parallel_first_stage_less_layers or _last_stage_less_layers evens it out further (%d layers over %d stages)", numLayers, len(plan.Stages))
 }
 
 // PlanPipeline resolves the pipeline layout of a model of numLayers

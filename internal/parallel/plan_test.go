@@ -108,45 +108,66 @@ func TestPipelinePlanString(t *testing.T) {
 }
 
 // TestBalanceWarning: a pipeline whose busiest rank carries over 1.15×
-// the mean rank's work (stages priced as layers plus a head of 0.57
-// layers) is warned of, with each rank's work in layers and the
-// first/last-stage-less-layers that even it out best; an even enough
-// pipeline, or one without costs, is not.
+// the mean rank's measured work is warned of, with each rank's compute;
+// when the stages' priced costs (layers plus a head of 0.57 layers)
+// share the work out as measured, with the first/last-stage-less-layers
+// that even it out best, or the note that none does; when they do not
+// (the head measured far lighter than priced), with no setting. An even
+// enough pipeline, or one without costs, is not warned of.
 func TestBalanceWarning(t *testing.T) {
-	const head = 0.57
-	costs := func(s model.StageSpec) pipeline.Costs {
-		w := float64(s.NumLayers)
-		if s.Head {
-			w += head
+	price := func(head float64) func(s model.StageSpec) pipeline.Costs {
+		return func(s model.StageSpec) pipeline.Costs {
+			w := float64(s.NumLayers)
+			if s.Head {
+				w += head
+			}
+			return pipeline.Costs{Forward: w, Input: w, Weight: w}
 		}
-		return pipeline.Costs{Forward: w, Input: w, Weight: w}
 	}
+	const ms = 1e-3 // a layer's pass measured at 1 ms
 	for _, c := range []struct {
 		name     string
+		layers   int
 		s        PipelineSettings
-		want     []string // "" entries: no warning
+		measured float64 // the head's measured cost in layers
+		want     []string
 		noCosts  bool
-		noAdvice bool
 	}{
 		{name: "ZBV, less 1/1: stages of 2, 3, 2, 1 layers, rank 0 holding the first and the last",
+			layers: 8, measured: 0.57,
 			s:    PipelineSettings{Degree: 2, Schedule: "ZBVZeroBubble", FirstLessLayers: 1, LastLessLayers: 1, MicrobatchSize: 1},
-			want: []string{"3.57, 5 layers' worth by rank", "the busiest 1.17× the mean", "first_stage_less_layers = 0 and pipeline_parallel_last_stage_less_layers = 0 would make it 1.07×"}},
+			want: []string{"86, 120 ms of compute a step by rank", "the busiest 1.17× the mean", "first_stage_less_layers = 0 and pipeline_parallel_last_stage_less_layers = 0 would make it 1.07×"}},
 		{name: "1F1B, less 0/0: 4 against 4.57, even enough",
+			layers: 8, measured: 0.57,
 			s: PipelineSettings{Degree: 2, Schedule: "1F1B", MicrobatchSize: 1}},
 		{name: "1F1B, less 0/3: 6 layers against 2 and the head; 0/0 evens it best",
+			layers: 8, measured: 0.57,
 			s:    PipelineSettings{Degree: 2, Schedule: "1F1B", LastLessLayers: 3, MicrobatchSize: 1},
-			want: []string{"6, 2.57 layers' worth", "the busiest 1.40× the mean", "= 0 and pipeline_parallel_last_stage_less_layers = 0 would make it 1.07×"}},
-		{name: "no costs", noCosts: true,
+			want: []string{"the busiest 1.40× the mean", "= 0 and pipeline_parallel_last_stage_less_layers = 0 would make it 1.07×"}},
+		{name: "ZBV on 6 layers over 4 ranks: no split does better",
+			layers: 6, measured: 0.57,
+			s:    PipelineSettings{Degree: 4, Schedule: "ZBVZeroBubble", FirstLessLayers: 1, LastLessLayers: 1, MicrobatchSize: 1},
+			want: []string{"the busiest 1.22× the mean", "no parallelism.pipeline_parallel_first_stage_less_layers or _last_stage_less_layers evens it out further (6 layers over 8 stages)"}},
+		{name: "the head measured at a tenth of its price: the FLOPs cannot tell",
+			layers: 8, measured: 0.057,
+			s:    PipelineSettings{Degree: 2, Schedule: "1F1B", LastLessLayers: 3, MicrobatchSize: 1},
+			want: []string{"the stages' FLOPs share it out otherwise (the busiest 1.40×), so they cannot tell"}},
+		{name: "no costs", noCosts: true, layers: 8, measured: 0.57,
 			s: PipelineSettings{Degree: 2, Schedule: "ZBVZeroBubble", FirstLessLayers: 1, LastLessLayers: 1, MicrobatchSize: 1}},
 	} {
 		if !c.noCosts {
-			c.s.Costs = costs
+			c.s.Costs = price(0.57)
 		}
-		p, err := PlanPipeline(8, 8, c.s)
+		p, err := PlanPipeline(c.layers, 8, c.s)
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
-		got := BalanceWarning(8, 8, c.s, p)
+		measured := make([]pipeline.Costs, len(p.Stages))
+		for st, spec := range p.Stages {
+			k := price(c.measured)(spec)
+			measured[st] = pipeline.Costs{Forward: k.Forward * ms, Input: k.Input * ms, Weight: k.Weight * ms}
+		}
+		got := BalanceWarning(c.layers, 8, c.s, p, measured)
 		if (got == "") != (len(c.want) == 0) {
 			t.Errorf("%s: warning %q, want one: %v", c.name, got, len(c.want) > 0)
 		}

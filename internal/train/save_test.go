@@ -2,6 +2,7 @@ package train
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"math"
 	"os"
@@ -104,5 +105,36 @@ func TestBackgroundSaveErrorFailsTheRun(t *testing.T) {
 			}
 			t.Logf("the run stopped after step %d", last)
 		})
+	}
+}
+
+// TestElapsedTimeIsSaved: every interval checkpoint records the training
+// time so far (a resumed run's elapsed time continues from it), growing
+// from save to save, not the 0 the loop's start would give.
+func TestElapsedTimeIsSaved(t *testing.T) {
+	dump := t.TempDir()
+	job := testJob(t, dump, 6)
+	job.Checkpoint.Interval = 2
+	job.Checkpoint.KeepLatestK = 0
+	lossesOf(t, job, 0)
+	prev := 0.0
+	for step := 2; step <= 6; step += 2 {
+		r, err := checkpoint.Open(checkpoint.StepDir(filepath.Join(dump, job.Checkpoint.Folder), step))
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := r.Blob(checkpoint.TrainStateBlob)
+		r.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ts trainState
+		if err := json.Unmarshal(raw, &ts); err != nil {
+			t.Fatal(err)
+		}
+		if ts.Step != step || !(ts.ElapsedS > prev) {
+			t.Errorf("step-%d: step %d, elapsed %g s; want step %d and more than step-%d's %g s", step, ts.Step, ts.ElapsedS, step, step-2, prev)
+		}
+		prev = ts.ElapsedS
 	}
 }

@@ -56,8 +56,9 @@ type Trainer struct {
 	out        io.Writer
 	seed       uint64
 	peakFLOPS  float64
-	elapsed    float64 // seconds of training before this process (resumed runs)
-	schedStart int     // step the learning-rate schedule counts from (checkpoint.exclude_from_loading lr_scheduler)
+	elapsed    float64   // seconds of training before this process's loop (resumed runs)
+	loopStart  time.Time // when this process's training loop began; zero outside it
+	schedStart int       // step the learning-rate schedule counts from (checkpoint.exclude_from_loading lr_scheduler)
 	ckptFolder string
 	ck         ckptState // checkpoint bookkeeping (state.go)
 	dev        Device
@@ -217,6 +218,15 @@ func New(job *config.Job, dev Device, out io.Writer, dist *Dist) (*Trainer, erro
 	return tr, nil
 }
 
+// elapsedS is the seconds of training so far, over every process that
+// trained this run (resumed runs count their checkpoint's).
+func (tr *Trainer) elapsedS() float64 {
+	if tr.loopStart.IsZero() {
+		return tr.elapsed
+	}
+	return tr.elapsed + time.Since(tr.loopStart).Seconds()
+}
+
 // pipelineSettings are the job's parallelism.pipeline_parallel_* keys,
 // with fam's stage costs.
 func pipelineSettings(job *config.Job, fam model.Family) parallel.PipelineSettings {
@@ -227,6 +237,18 @@ func pipelineSettings(job *config.Job, fam model.Family) parallel.PipelineSettin
 		MicrobatchSize: p.PipelineParallelMicrobatchSize,
 		Costs:          parallel.PassCosts(fam, job.Training.SeqLen),
 	}
+}
+
+// CheckLayout refuses what titan train would refuse of job's
+// [parallelism] layout before it starts any process: the pipeline's
+// stages, the mesh and the model's tensor and context parallel checks,
+// for a world of the recipe's degrees (data_parallel_shard_degree -1
+// counted as 1).
+func CheckLayout(job *config.Job, fam model.Family) error {
+	p := job.Parallelism
+	world := max(p.PipelineParallelDegree, 1) * max(p.DataParallelReplicateDegree, 1) * max(p.DataParallelShardDegree, 1) * max(p.ContextParallelDegree, 1) * max(p.TensorParallelDegree, 1)
+	_, _, err := checkParallelism(job, fam, world)
+	return err
 }
 
 // checkParallelism lays the world out on the [parallelism] mesh, refuses
@@ -420,9 +442,6 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 	}
 	if tr.mesh.PP > 1 {
 		tr.log.Printf("titan: pipeline %s", tr.pplan)
-		if w := parallel.BalanceWarning(tr.fam.NumLayers(), B, pipelineSettings(job, tr.fam), tr.pplan); w != "" {
-			tr.log.Printf("titan: warning: %s", w)
-		}
 	}
 	if job.Training.Deterministic {
 		tr.log.Printf("titan: deterministic: on (titan's kernels and collectives are deterministic in every mode: a run reproduces bit for bit)")
@@ -463,8 +482,10 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 	flopsPerToken := tr.fam.FLOPsPerToken(T)
 	logFreq := max(1, job.Metrics.LogFreq)
 	start := time.Now()
+	tr.loopStart = start
 	windowStart, windowTokens := time.Now(), 0
 	var lossSum float64
+	balanceChecked := false
 	var lossN int
 	for tr.Step < job.Training.Steps {
 		// A background save that failed fails the run here.
@@ -525,6 +546,14 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 			}
 			if ps != nil {
 				tr.log.Printf("titan: %s", ps)
+				if !balanceChecked && tr.Step > 1 {
+					// Once, on the first step measured after the first
+					// (which warms up): is a rank the others wait on?
+					balanceChecked = true
+					if w := parallel.BalanceWarning(tr.fam.NumLayers(), B, pipelineSettings(job, tr.fam), tr.pplan, ps.StageCosts); w != "" {
+						tr.log.Printf("titan: warning: %s", w)
+					}
+				}
 			}
 			mem, err := tr.maxOverRanks(metrics.PeakRSSGiB())
 			if err != nil {
@@ -544,7 +573,7 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 				Step: tr.Step, Loss: lossSum / float64(lossN), GradNorm: gnorm, LR: lr,
 				TokensPerSec: tps, TFLOPs: flopsPerToken * tps / 1e12, MemGiB: mem, StateGiB: state, GatheredUnits: int(gathered),
 				Tokens:   int64(tr.Step) * int64(tr.accum*B*T*tr.dataRanks()),
-				ElapsedS: tr.elapsed + time.Since(start).Seconds(), ValLoss: val,
+				ElapsedS: tr.elapsedS(), ValLoss: val,
 			}
 			if tr.peakFLOPS > 0 {
 				rec.MFU = 100 * flopsPerToken * tps / tr.peakFLOPS
@@ -570,7 +599,7 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 			return err
 		}
 	}
-	tr.elapsed += time.Since(start).Seconds()
+	tr.elapsed, tr.loopStart = tr.elapsedS(), time.Time{}
 	if g := tr.eng.Gathers(); g.Gathers > 0 {
 		prec, _, _ := Precision(tr.Job) // validated in New
 		tr.log.Printf("titan: fsdp: %s", gatherLine(g, prec))
