@@ -298,7 +298,7 @@ func PlanPipeline(numLayers, localBatch int, p PipelineSettings) (PipelinePlan, 
 	}
 	sched, err := pipeline.Build(name, pp, S/pp, B/mbs, costs)
 	if err != nil {
-		return PipelinePlan{}, fmt.Errorf("parallelism: %w (local batch %d in microbatches of %d)", err, B, mbs)
+		return PipelinePlan{}, fmt.Errorf("parallelism: %w (training.local_batch_size %d in parallelism.pipeline_parallel_microbatch_size %d)", err, B, mbs)
 	}
 	return PipelinePlan{Stages: specs, Schedule: sched, MicrobatchRows: mbs}, nil
 }

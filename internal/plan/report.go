@@ -171,7 +171,7 @@ func WriteTable(w io.Writer, p Prediction, cal Calibration) {
 		fmt.Fprintf(w, "data-parallel communication before overlap: FSDP %s, all-reduce %s\n", seconds(p.Step.FSDPTotal), seconds(p.Step.DPTotal))
 	}
 	if l.Degrees.PP > 1 {
-		fmt.Fprintf(w, "pipeline: %s over %d microbatches of %d, simulated bubble %.1f%% of the schedule's makespan\n", l.Schedule, p.Microbatches, l.MicrobatchRows, 100*p.BubbleFraction)
+		fmt.Fprintf(w, "pipeline: %s over %d microbatches of %d, simulated bubble %.1f%% of all ranks' time (\"pipeline bubble\" above is the busiest rank's idle time)\n", l.Schedule, p.Microbatches, l.MicrobatchRows, 100*p.BubbleFraction)
 		if len(p.RankCompute) > 1 {
 			busy := make([]string, len(p.RankCompute))
 			var sum, most float64
