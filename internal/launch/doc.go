@@ -19,8 +19,10 @@
 // Launch passes each worker the torchrun variables RANK, LOCAL_RANK,
 // WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR and MASTER_PORT,
 // plus TITANRUN_ENDPOINT, TITANRUN_SECRET, TITANRUN_JOB_ID and
-// TITANRUN_THREADS (the worker's share of the node's cores; also set as
-// GOMAXPROCS unless the launcher's environment sets GOMAXPROCS), and
+// TITANRUN_THREADS (the worker's share of the node's cores, which its
+// compute kernels use; GOMAXPROCS is set to one more, for the
+// communication goroutines, unless the launcher's environment sets
+// GOMAXPROCS), and
 // TITANRUN_HOST_PEAK_FLOPS, the node's GEMM peak measured once with all
 // its cores before the workers start (kept when already set), so that
 // every worker computes MFU against the same host peak. The

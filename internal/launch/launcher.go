@@ -565,7 +565,12 @@ func workerEnv(base []string, spec Spec, lr int, endpoint, jobID, secret string,
 		}
 	}
 	if !userGOMAXPROCS {
-		set("GOMAXPROCS", strconv.Itoa(threads))
+		// One P beyond the compute threads, for the communication
+		// goroutines (asynchronous sends and receives, collectives in
+		// flight): with no free P they wait for the compute goroutine
+		// to leave its kernel, up to the scheduler's preemption, which
+		// held a pipeline's transfers back by ~10 ms behind each GEMM.
+		set("GOMAXPROCS", strconv.Itoa(threads+1))
 	}
 	return env
 }
