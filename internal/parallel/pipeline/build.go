@@ -342,6 +342,19 @@ func greedyZB(pp, v, m int, place []int, limitI, limitW func(int) int, costs []C
 	held := make([]int, pp)    // F done, W not
 	pending := make([]int, pp) // F done, I not
 	busy := make([]float64, pp)
+	// Each stage's first microbatch not yet ordered, per kind: the scans
+	// below start there (everything before it is ordered already).
+	var first [numKinds][]int
+	for k := range first {
+		first[k] = make([]int, S)
+	}
+	lowest := func(k Kind, r int) int {
+		lo := m
+		for _, st := range stages[r] {
+			lo = min(lo, first[k][st])
+		}
+		return lo
+	}
 	left := 3 * S * m
 	relax := false // ignore the forward limits for one pass
 	t := 0.0
@@ -359,7 +372,7 @@ func greedyZB(pp, v, m int, place []int, limitI, limitW func(int) int, costs []C
 			}
 			best, found := Action{}, false
 			// Input gradients.
-			for i := 0; i < m && !found; i++ {
+			for i := lowest(BackwardInput, r); i < m && !found; i++ {
 				for j := len(stages[r]) - 1; j >= 0; j-- {
 					st := stages[r][j]
 					if end[BackwardInput][st*m+i] == never && ready(Forward, st, i, t) && (st == S-1 || ready(BackwardInput, st+1, i, t)) {
@@ -377,18 +390,14 @@ func greedyZB(pp, v, m int, place []int, limitI, limitW func(int) int, costs []C
 					if !roomW || j == 0 && !roomI {
 						break
 					}
-					for i := range m {
-						if end[Forward][st*m+i] == never {
-							if st == 0 || ready(Forward, st-1, i, t) {
-								best, found = Action{Forward, st, i}, true
-							}
-							break // forwards of a stage run in microbatch order
-						}
+					// Forwards of a stage run in microbatch order.
+					if i := first[Forward][st]; i < m && (st == 0 || ready(Forward, st-1, i, t)) {
+						best, found = Action{Forward, st, i}, true
 					}
 				}
 			}
 			// Weight gradients.
-			for i := 0; i < m && !found; i++ {
+			for i := lowest(BackwardWeight, r); i < m && !found; i++ {
 				for _, st := range stages[r] {
 					if end[BackwardWeight][st*m+i] == never && ready(BackwardInput, st, i, t) {
 						best, found = Action{BackwardWeight, st, i}, true
@@ -410,6 +419,9 @@ func greedyZB(pp, v, m int, place []int, limitI, limitW func(int) int, costs []C
 			}
 			done := t + costs[best.Stage].of(best.Kind)
 			end[best.Kind][best.Stage*m+best.Microbatch] = done
+			for f := &first[best.Kind][best.Stage]; *f < m && end[best.Kind][best.Stage*m+*f] != never; {
+				*f++
+			}
 			busy[r] = done
 			s.Actions[r] = append(s.Actions[r], best)
 			left--
