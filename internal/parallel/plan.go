@@ -137,17 +137,17 @@ func (p PipelinePlan) rankWork(costs []pipeline.Costs) []float64 {
 	return work
 }
 
-// priced returns the costs p.Costs gives plan's stages.
-func (p PipelineSettings) priced(plan PipelinePlan) []pipeline.Costs {
-	out := make([]pipeline.Costs, len(plan.Stages))
-	for st, spec := range plan.Stages {
+// priced returns the costs p.Costs gives each of stages.
+func (p PipelineSettings) priced(stages []model.StageSpec) []pipeline.Costs {
+	out := make([]pipeline.Costs, len(stages))
+	for st, spec := range stages {
 		out[st] = p.Costs(spec)
 	}
 	return out
 }
 
-// imbalance is the busiest rank's work over the mean rank's (1: even).
-func imbalance(work []float64) float64 {
+// Imbalance is the busiest rank's work over the mean rank's (1: even).
+func Imbalance(work []float64) float64 {
 	var sum, most float64
 	for _, w := range work {
 		sum += w
@@ -185,7 +185,7 @@ func BalanceWarning(numLayers, localBatch int, p PipelineSettings, plan Pipeline
 	}
 	m := float64(plan.Schedule.Microbatches)
 	work := plan.rankWork(measured)
-	got := imbalance(work)
+	got := Imbalance(work)
 	if got <= unevenWork {
 		return ""
 	}
@@ -196,17 +196,18 @@ func BalanceWarning(numLayers, localBatch int, p PipelineSettings, plan Pipeline
 		sum += w
 	}
 	msg := fmt.Sprintf("pipeline ranks' work is uneven: %s ms of compute a step by rank, the busiest %.2f× the mean, so the others wait on it every step", strings.Join(parts, ", "), got)
-	model := plan.rankWork(p.priced(plan))
+	model := plan.rankWork(p.priced(plan.Stages))
+	modelGot := Imbalance(model)
 	var msum float64
 	for _, w := range model {
 		msum += w
 	}
 	for r := range work {
 		if math.Abs(model[r]/msum/(work[r]/sum)-1) > modelSlack {
-			return msg + fmt.Sprintf("; the stages' FLOPs share it out otherwise (the busiest %.2f×), so they cannot tell which parallelism.pipeline_parallel_first_stage_less_layers and _last_stage_less_layers would even it out", imbalance(model))
+			return msg + fmt.Sprintf("; the stages' FLOPs share it out otherwise (the busiest %.2f×), so they cannot tell which parallelism.pipeline_parallel_first_stage_less_layers and _last_stage_less_layers would even it out", modelGot)
 		}
 	}
-	bestIn, bestOut, best := p.FirstLessLayers, p.LastLessLayers, imbalance(model)
+	bestIn, bestOut, best := p.FirstLessLayers, p.LastLessLayers, modelGot
 	for in := 0; in <= 4; in++ {
 		for out := 0; out <= 4; out++ {
 			q := p
@@ -215,12 +216,12 @@ func BalanceWarning(numLayers, localBatch int, p PipelineSettings, plan Pipeline
 			if err != nil {
 				continue
 			}
-			if b := imbalance(alt.rankWork(q.priced(alt))); b < best-1e-9 {
+			if b := Imbalance(alt.rankWork(q.priced(alt.Stages))); b < best-1e-9 {
 				bestIn, bestOut, best = in, out, b
 			}
 		}
 	}
-	if best < imbalance(model)-0.02 {
+	if best < modelGot-0.02 {
 		return msg + fmt.Sprintf("; by the stages' FLOPs, parallelism.pipeline_parallel_first_stage_less_layers = %d and pipeline_parallel_last_stage_less_layers = %d would make it %.2f×", bestIn, bestOut, best)
 	}
 	return msg + fmt.Sprintf("; by the stages' FLOPs no parallelism.pipeline_parallel_first_stage_less_layers or _last_stage_less_layers evens it out further (%d layers over %d stages)", numLayers, len(plan.Stages))
@@ -291,10 +292,7 @@ func PlanPipeline(numLayers, localBatch int, p PipelineSettings) (PipelinePlan, 
 	}
 	var costs []pipeline.Costs
 	if p.Costs != nil {
-		costs = make([]pipeline.Costs, S)
-		for s, spec := range specs {
-			costs[s] = p.Costs(spec)
-		}
+		costs = p.priced(specs)
 	}
 	sched, err := pipeline.Build(name, pp, S/pp, B/mbs, costs)
 	if err != nil {

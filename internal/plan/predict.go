@@ -524,6 +524,45 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 		rows = max(l.MicrobatchRows, 1)
 	}
 	N := float64(rows) * T / cp // tokens of a microbatch on this cp rank
+	// Each layer's collectives of a microbatch, the same on every stage.
+	// Tensor parallel: float8 layers gather their inputs already cast to
+	// float8 (one byte an element), and the backward gathers the output
+	// gradients of wo and w2 in float8 too: torchao's row-wise parallel
+	// layer casts its output's gradient before the gather. The
+	// reduce-scatters stay in bf16, and so do the gathers around the
+	// embedding and the head, which are not float8 layers.
+	var ag, agOuter, rs float64
+	if d.TP > 1 {
+		agb := cb
+		if l.Float8 {
+			agb = 1
+		}
+		link := groupLink(c, d, "tp")
+		ag = ringTime(c, cal, rt, "all_gather", d.TP, link, N*D*agb)
+		agOuter = ringTime(c, cal, rt, "all_gather", d.TP, link, N*D*cb)
+		rs = ringTime(c, cal, rt, "reduce_scatter", d.TP, link, N*D*cb)
+	}
+	// Context parallel ring attention: cp blocks of attention, each 1/cp
+	// of the layer's (load-balanced causal) work; a layer's exposed
+	// communication, forward and backward, and element-wise traffic.
+	var cpF, cpB, cpEWF, cpEWB float64
+	if d.CP > 1 {
+		link := groupLink(c, d, "cp")
+		perF := attentionFLOPs(cfg, N, T) / tp / r.attn
+		perB := attentionBackward * perF
+		if rt.TorchRing {
+			cpF, cpB, cpEWF, cpEWB = torchRing(c, cal, rt, link, d.CP, N*Q/tp, cb, perF, perB)
+		} else {
+			// cp-1 rotations of the key/value shards in the forward, of
+			// them and their gradients in the backward; overlapped with the
+			// attention blocks on a GPU.
+			rot := float64(d.CP-1) * p2pTime(c, cal, rt, link, d.CP, 2*N*KV/tp*cb)
+			cpF, cpB = rot, 2*rot
+			if rt.Overlap {
+				cpF, cpB = math.Max(0, cpF-perF), math.Max(0, cpB-perB)
+			}
+		}
+	}
 	// work is one microbatch's compute through a share of the model (a
 	// stage), pass by pass.
 	_, splitSets := sched.ActivationSets(0)
@@ -584,22 +623,7 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 		// embedding and the head.
 		var tpF, tpB float64
 		if d.TP > 1 {
-			// Float8 layers gather their inputs already cast to float8 (one
-			// byte an element), and the backward gathers the output
-			// gradients of wo and w2 in float8 too: torchao's row-wise
-			// parallel layer casts its output's gradient before the
-			// gather. The reduce-scatters stay in bf16, and so do the
-			// gathers around the embedding and the head, which are not
-			// float8 layers.
-			agb := cb
-			if l.Float8 {
-				agb = 1
-			}
-			link := groupLink(c, d, "tp")
-			ag := ringTime(c, cal, rt, "all_gather", d.TP, link, N*D*agb)
 			agGrad := ag // wo's and w2's output gradients: [N, D] like the inputs
-			agOuter := ringTime(c, cal, rt, "all_gather", d.TP, link, N*D*cb)
-			rs := ringTime(c, cal, rt, "reduce_scatter", d.TP, link, N*D*cb)
 			// exposed is what is left of a collective beside the products
 			// it can overlap: all of it without async TP. Async TP
 			// (inductor's micro-pipeline pass) fuses an all-gather with the
@@ -639,33 +663,18 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 				tpB += L * (exposed(ag, prod(KV)) + exposed(ag, prod(F)) + exposed(rs, prod(Q)))
 			}
 		}
-		// Context parallel ring attention, per layer: cp blocks of
-		// attention, each 1/cp of the layer's (load-balanced causal) work.
-		var cpF, cpB, cpEWF, cpEWB float64
+		// Context parallel: every layer's forward, backward and
+		// recomputed forward.
+		var cpLF, cpLB float64
 		if d.CP > 1 {
-			link := groupLink(c, d, "cp")
-			perF, perB := fAttn/max(L, 1), bAttn/max(L, 1)
-			if rt.TorchRing {
-				cpF, cpB, cpEWF, cpEWB = torchRing(c, cal, rt, link, d.CP, N*Q/tp, cb, perF, perB)
-			} else {
-				// cp-1 rotations of the key/value shards in the forward, of
-				// them and their gradients in the backward; overlapped with the
-				// attention blocks on a GPU.
-				rot := float64(d.CP-1) * p2pTime(c, cal, rt, link, d.CP, 2*N*KV/tp*cb)
-				cpF, cpB = rot, 2*rot
-				if rt.Overlap {
-					cpF, cpB = math.Max(0, cpF-perF), math.Max(0, cpB-perB)
-				}
-			}
-			// Every layer's forward, backward and recomputed forward.
-			cpF, cpB = L*cpF, L*cpB+recomputed*cpF
+			cpLF, cpLB = L*cpF, L*cpB+recomputed*cpF
 			fEW += L * cpEWF / r.ew
 			bEW += L * cpEWB / r.ew
 			rEW += recomputed * cpEWF / r.ew
 		}
 		w := passWork{
 			fMM: fMM, fAttn: fAttn, fEW: fEW, bMM: bMM, bAttn: bAttn, bEW: bEW,
-			rMM: rMM, rAttn: rAttn, rEW: rEW, tpF: tpF, tpB: tpB, cpF: cpF, cpB: cpB,
+			rMM: rMM, rAttn: rAttn, rEW: rEW, tpF: tpF, tpB: tpB, cpF: cpLF, cpB: cpLB,
 		}
 		if splits && !rt.KeepsRecomputed {
 			// titan's BackwardInput copies the weight-gradient products'

@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/titan-go/titan/internal/bytesize"
+	"github.com/titan-go/titan/internal/parallel"
 )
 
 // JSONPrediction is a prediction as --json writes it.
@@ -174,12 +175,10 @@ func WriteTable(w io.Writer, p Prediction, cal Calibration) {
 		fmt.Fprintf(w, "pipeline: %s over %d microbatches of %d, simulated bubble %.1f%% of all ranks' time (\"pipeline bubble\" above is the busiest rank's idle time)\n", l.Schedule, p.Microbatches, l.MicrobatchRows, 100*p.BubbleFraction)
 		if len(p.RankCompute) > 1 {
 			busy := make([]string, len(p.RankCompute))
-			var sum, most float64
 			for r, t := range p.RankCompute {
 				busy[r] = seconds(t)
-				sum, most = sum+t, max(most, t)
 			}
-			fmt.Fprintf(w, "pipeline ranks' compute: %s (the busiest %.2f× the mean)\n", strings.Join(busy, ", "), most*float64(len(busy))/sum)
+			fmt.Fprintf(w, "pipeline ranks' compute: %s (the busiest %.2f× the mean)\n", strings.Join(busy, ", "), parallel.Imbalance(p.RankCompute))
 		}
 	}
 	fmt.Fprintf(w, "tokens/s per device %.4g, MFU %.1f%%\n", p.TokensPerDevice, 100*p.MFU)
