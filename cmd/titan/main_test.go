@@ -176,7 +176,7 @@ func TestBadInput(t *testing.T) {
 		{"missing dataset", run("--set", "training.dataset_path=/nonexistent/data.txt"), "/nonexistent/data.txt"},
 		{"empty dataset", run("--set", "training.dataset_path="+empty), "empty"},
 		{"unreadable tokenizer", run("--set", "model.tokenizer_path="+junkTok), "tok.model"},
-		{"seq_len beyond the model", run("--set", "training.seq_len=100000"), "max_seq_len"},
+		{"seq_len beyond the model's filters", []string{"train", "--recipe", "../../recipes/hyena_debug.toml", "--set", "training.seq_len=100000", "--set", "job.dump_folder=" + t.TempDir()}, "l_max"},
 		{"unknown flavor", run("--set", "model.flavor=9B"), "flavor"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -454,6 +454,15 @@ func (j *Job) Float8Config() (*float8.Config, error) {
 		FSDPAllGather: f.EnableFSDPFloat8AllGather, PrecomputeScales: f.PrecomputeFloat8DynamicScaleForFSDP}, nil
 }
 
+// SeqLens are the sequence lengths the job runs its model at:
+// training.seq_len, and validation.seq_len when validation is on.
+func (j *Job) SeqLens() []int {
+	if j.Validation.Enable {
+		return []int{j.Training.SeqLen, j.Validation.SeqLen}
+	}
+	return []int{j.Training.SeqLen}
+}
+
 // AccumSteps is the number of micro-batches accumulated per step on
 // dataRanks data-parallel ranks: as torchtitan,
 // training.global_batch_size / (local_batch_size × dataRanks) when the

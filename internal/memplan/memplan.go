@@ -195,7 +195,7 @@ func FromJob(job *config.Job, world int) (Plan, error) {
 		d.DPShard = world / others
 	}
 	plan := Plan{
-		Model: cfg, Flavor: job.Model.Flavor,
+		Model: cfg.Covering(job.SeqLens()...), Flavor: job.Model.Flavor,
 		Batch: job.Training.LocalBatchSize, SeqLen: job.Training.SeqLen,
 		MicrobatchRows: p.PipelineParallelMicrobatchSize,
 		Degrees:        d, Reshard: p.FSDPReshardAfterForward,

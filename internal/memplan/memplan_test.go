@@ -226,6 +226,13 @@ func TestFromJob(t *testing.T) {
 	if _, err := FromJob(job, 7); err == nil {
 		t.Error("7 ranks over tp 2: no error")
 	}
+	// As torchtitan, a recipe may train past the flavor's max_seq_len (8B:
+	// 131072), as its 256K context-parallel rows do.
+	job.Training.SeqLen, job.Parallelism.ContextParallelDegree, job.Parallelism.TensorParallelDegree = 262144, 8, 1
+	if p, err = FromJob(job, 8); err != nil || p.Model.MaxSeqLen != 262144 {
+		t.Errorf("seq_len 262144 on debug (max_seq_len 131072): max_seq_len %d, %v; want 262144, no error", p.Model.MaxSeqLen, err)
+	}
+	job.Training.SeqLen, job.Parallelism.ContextParallelDegree, job.Parallelism.TensorParallelDegree = 2048, 1, 2
 	job.ActivationCheckpoint.Mode = "sometimes"
 	if _, err := FromJob(job, 8); err == nil || !strings.Contains(err.Error(), "sometimes") {
 		t.Errorf("bad mode: %v", err)

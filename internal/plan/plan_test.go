@@ -1293,3 +1293,73 @@ func TestSearchUsesEveryRank(t *testing.T) {
 		}
 	}
 }
+
+// TestDataParallelCommWindows: on a GPU the gradient reductions can hide
+// only behind the backward that produces them, the gathers behind the
+// whole step; under a pipeline titan's executor gathers and reduces each
+// unit once per microbatch (twice gathered when resharded after the
+// forward), PyTorch's stages once a step.
+func TestDataParallelCommWindows(t *testing.T) {
+	for _, tc := range []struct {
+		name                                  string
+		first, gathers, ag, red, busy, window float64
+		want                                  float64
+	}{
+		{"all hidden", 0.1, 2, 1, 2, 100, 50, 0.1 * 3},
+		{"reductions longer than the backward", 0.1, 2, 1, 20, 100, 10, 0.1*21 + 18 - 10},
+		{"everything longer than the step", 0.1, 2, 10, 10, 15, 10, 0.1*20 + 19 + 9 - 15},
+		{"no sharding: an all-reduce alone", 0.5, 2, 0, 4, 10, 1, 0.5*4 + 2 - 1},
+	} {
+		if got := exposedDP(tc.first, tc.gathers, tc.ag, tc.red, tc.busy, tc.window); math.Abs(got-tc.want) > 1e-12 {
+			t.Errorf("%s: exposed %g, want %g", tc.name, got, tc.want)
+		}
+	}
+
+	// DDP over 16 H100s, 8B at one row of 8K under full AC: the
+	// all-reduce (1.5 s) is shorter than the step's compute but longer
+	// than its backward, so part of it waits.
+	c, err := cluster.Load("h100-sxm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cal, err := CalibrateGPU(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := llama.Flavor("8B")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := Layout{Degrees: deg(1, 16, 1, 1, 1), MicrobatchRows: 1, FirstLessLayers: 1, LastLessLayers: 1, LocalBatch: 1, SeqLen: 8192,
+		Checkpoint: memplan.Checkpoint{Mode: "full"}, Reshard: "default", ParamBF16: true}
+	p, err := Predict(Job{Flavor: "8B", Model: cfg, Layout: l}, c, cal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	compute := p.Step.Matmul + p.Step.Attention + p.Step.Elementwise + p.Step.Recompute
+	if s := p.Step; !(s.DPTotal < compute && s.DP > 0.1*s.DPTotal) {
+		t.Errorf("DDP16: all-reduce %g s beside %g s of compute, %g s exposed; want a part exposed (it cannot overlap the forward)", s.DPTotal, compute, s.DP)
+	}
+
+	// FSDP2 × PP2 on this host, 8 microbatches: titan gathers and
+	// reduces each unit per microbatch; resharded after the forward it
+	// gathers twice.
+	host, _ := cluster.Load("cpu-2core")
+	fsdp := func(pp int, reshard string) Breakdown {
+		j := debugJob(t, deg(pp, 1, 2, 1, 1), "1F1B")
+		j.Layout.Reshard = reshard
+		p, err := Predict(j, host, cpuCal())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Step
+	}
+	alone, pipe, always := fsdp(1, "default"), fsdp(2, "default"), fsdp(2, "always")
+	// Resharded after the forward, each backward gathers again.
+	if !(always.FSDPTotal > pipe.FSDPTotal) {
+		t.Errorf("PP2 FSDP2: communication %g s resharded after the forward against %g s kept: want the extra gather of every microbatch's backward", always.FSDPTotal, pipe.FSDPTotal)
+	}
+	if !(pipe.FSDPTotal > 2*alone.FSDPTotal) {
+		t.Errorf("PP2 FSDP2 communication %g s, FSDP2 alone %g s: 8 microbatches each gather and reduce half the units", pipe.FSDPTotal, alone.FSDPTotal)
+	}
+}

@@ -724,12 +724,35 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 	}
 
 	// FSDP: all-gather the rank's units (compute precision) in the
-	// forward and, resharded after it, again in the backward (once per
-	// step under a pipeline, which keeps them gathered); reduce-scatter
-	// their float32 gradients once per step.
-	gathers := 2.0
-	if l.Reshard == "never" || d.PP > 1 && l.Reshard != "always" {
+	// forward and, resharded after it, again in the backward;
+	// reduce-scatter their gradients after the backward. Under a
+	// pipeline (whose default keeps the units gathered after the forward)
+	// PyTorch's stages keep them gathered and their gradients unreduced
+	// until a step's last backward: one gather and one reduction a step,
+	// a gather before each forward and backward when told to reshard.
+	// titan's executor frees a unit and reduces its gradients after each
+	// microbatch's backward, so each microbatch gathers it again (twice
+	// when resharded after the forward) and reduces.
+	gathers, reductions := 2.0, 1.0
+	switch {
+	case d.PP == 1 && l.Reshard == "never":
 		gathers = 1
+	case d.PP > 1 && l.Reshard == "always":
+		gathers = 2 * m
+	case d.PP > 1 && rt.PipelineNoSync:
+		gathers = 1
+	case d.PP > 1:
+		gathers = m
+	}
+	if d.PP > 1 && !rt.PipelineNoSync {
+		reductions = m
+	}
+	// The reductions run beside the backward that produces their
+	// gradients: the last microbatch's where they wait for the step's
+	// last backward, every microbatch's otherwise.
+	window := c0.Input + c0.Weight
+	if reductions > 1 {
+		window *= m
 	}
 	shard, repl := d.ShardGroup(), d.ReplicateGroup()
 	// CPU mixed precision gathers and reduces bfloat16; rounding the
@@ -748,24 +771,23 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 		rsb = 2
 		round += share.params * (4 + 2) * float64(m) // each microbatch's unit gradients rounded
 	}
+	first := share.firstUnit / share.params
+	var fag, frs float64
 	if shard > 1 {
 		link := groupLink(c, d, "dp_shard")
-		ag := ringTime(c, cal, rt, "all_gather", shard, link, share.params*agb)
-		rs := ringTime(c, cal, rt, "reduce_scatter", shard, link, share.params*rsb)
-		b.FSDPTotal = gathers*ag + rs
-		first := share.firstUnit / share.params
+		fag = ringTime(c, cal, rt, "all_gather", shard, link, share.params*agb)
+		frs = ringTime(c, cal, rt, "reduce_scatter", shard, link, share.params*rsb)
+		b.FSDPTotal = gathers*fag + reductions*frs
 		b.FSDP = b.FSDPTotal
 		if rt.Overlap {
-			// The first unit's gather and the last reduce-scatter wait;
-			// the rest runs beside the compute.
-			b.FSDP = first*(ag+rs) + math.Max(0, b.FSDPTotal*(1-first)-busy)
+			b.FSDP = exposedDP(first, gathers, fag, reductions*frs, busy, window)
 		}
 	}
 	if repl > 1 {
-		b.DPTotal = ringTime(c, cal, rt, "allreduce", repl, groupLink(c, d, "dp_replicate"), share.params/float64(shard)*rsb)
+		b.DPTotal = reductions * ringTime(c, cal, rt, "allreduce", repl, groupLink(c, d, "dp_replicate"), share.params/float64(shard)*rsb)
 		b.DP = b.DPTotal
 		if rt.Overlap {
-			b.DP = math.Max(0, b.DPTotal-math.Max(0, busy-b.FSDPTotal))
+			b.DP = exposedDP(first, gathers, fag, reductions*frs+b.DPTotal, busy, window) - b.FSDP
 		}
 	}
 	b.Optimizer = share.params / float64(shard) * 4 * optimizerAccesses / r.ew
@@ -958,6 +980,21 @@ func p2pTime(c cluster.Cluster, cal Calibration, rt Runtime, link cluster.Link, 
 		}
 	}
 	return size/(link.Bandwidth*cal.Comm) + link.Latency
+}
+
+// exposedDP is what is left exposed of a step's data-parallel
+// communication on a device whose collectives run beside its compute:
+// gathers of a whole pass's units each ag seconds, and reductions
+// seconds of gradient reductions (reduce-scatters, all-reduces). The
+// first unit's gather waits (nothing computes before it) and so does the
+// reduction of the last gradients (nothing computes after them), each
+// the first unit's share (first) of its collective; the gathers
+// prefetch beside all busy seconds of compute, while the reductions can
+// only run beside the window seconds of backward that produce their
+// gradients.
+func exposedDP(first, gathers, ag, reductions, busy, window float64) float64 {
+	rest := (1 - first) * reductions
+	return first*(ag+reductions) + math.Max(0, math.Max((gathers-first)*ag+rest-busy, rest-window))
 }
 
 // overlapped is what is left exposed of a collective of comm seconds that

@@ -138,3 +138,37 @@ func TestElapsedTimeIsSaved(t *testing.T) {
 		prev = ts.ElapsedS
 	}
 }
+
+// TestTrainingPastTheFlavorsContext: as torchtitan, a llama3 recipe may
+// train longer sequences than its flavor's max_seq_len (tiny_bench:
+// 2048), and the model it saves records the length it was trained at.
+func TestTrainingPastTheFlavorsContext(t *testing.T) {
+	dump := t.TempDir()
+	job := testJob(t, dump, 1)
+	job.Training.SeqLen = 2560
+	job.Training.LocalBatchSize = 1
+	data := filepath.Join(t.TempDir(), "long.txt")
+	os.WriteFile(data, []byte(strings.Repeat("a stitch in time saves nine; measure twice, cut once.\n", 4000)), 0o644)
+	job.Training.DatasetPath = data
+	lossesOf(t, job, 0)
+	r, err := checkpoint.Open(checkpoint.StepDir(filepath.Join(dump, job.Checkpoint.Folder), 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	raw, err := r.Blob("model_config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var desc struct {
+		Config struct {
+			MaxSeqLen int `json:"MaxSeqLen"`
+		} `json:"config"`
+	}
+	if err := json.Unmarshal(raw, &desc); err != nil {
+		t.Fatal(err)
+	}
+	if desc.Config.MaxSeqLen != 2560 {
+		t.Errorf("model_config.json max_seq_len %d, want the trained 2560 (%s)", desc.Config.MaxSeqLen, raw)
+	}
+}

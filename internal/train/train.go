@@ -317,7 +317,7 @@ func ModelFamily(job *config.Job) (model.Family, error) {
 		if err != nil {
 			return nil, fmt.Errorf("model.flavor: %w", err)
 		}
-		fam = llama.Family{Cfg: cfg, Checkpoint: acPolicy(job)}
+		fam = llama.Family{Cfg: cfg.Covering(job.SeqLens()...), Checkpoint: acPolicy(job)}
 	case "hyena":
 		cfg, err := hyena.Flavor(job.Model.Flavor)
 		if err != nil {

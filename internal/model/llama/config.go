@@ -54,6 +54,20 @@ func Flavor(name string) (Config, error) {
 	return configs.Flavor("llama3", "llama3.toml", name, defaults, Config.Validate)
 }
 
+// Covering is c with max_seq_len raised to the longest of seqLens where
+// that exceeds it, as torchtitan sets a Llama 3 model's max_seq_len from
+// training.seq_len: a flavor's max_seq_len is the least context its
+// model takes, not a ceiling on what a recipe may train (RoPE's tables
+// are built for each sequence length, Config.RoPETables). A model trained
+// longer records that length in its model_config.json, which bounds
+// generation.
+func (c Config) Covering(seqLens ...int) Config {
+	for _, t := range seqLens {
+		c.MaxSeqLen = max(c.MaxSeqLen, t)
+	}
+	return c
+}
+
 // Flavors lists the flavor names, sorted.
 func Flavors() []string {
 	all, _ := configs.Flavors("llama3.toml", defaults, Config.Validate)
