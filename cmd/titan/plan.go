@@ -94,7 +94,7 @@ needs; --search instead proposes layouts that fit.`,
 			}
 			return plan.Answer(out, job, c, cal, plan.Query{
 				World: world, Compile: compile, AsyncTP: asyncTP, JSON: asJSON, Search: search,
-				Options: plan.SearchOptions{Top: top, MaxTP: maxTP, MaxCP: maxCP, Headroom: headroom},
+				Options: plan.SearchOptions{Top: top, MaxTP: maxTP, MaxCP: maxCP, Headroom: headroom, Progress: cmd.ErrOrStderr()},
 			})
 		},
 	}

@@ -19,6 +19,11 @@ func Write(path string, fill func(w io.Writer) error) (err error) {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
 	if err != nil {
+		if st, serr := os.Stat(dir); serr != nil {
+			return fmt.Errorf("writing %s: its folder %s: %w", path, dir, serr)
+		} else if !st.IsDir() {
+			return fmt.Errorf("writing %s: %s is not a folder", path, dir)
+		}
 		return fmt.Errorf("writing %s: %w", path, err)
 	}
 	defer func() {

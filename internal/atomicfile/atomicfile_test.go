@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -38,5 +39,15 @@ func TestWrite(t *testing.T) {
 	}
 	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o644 {
 		t.Errorf("mode %v (%v), want 0644", st.Mode().Perm(), err)
+	}
+}
+
+// TestMissingFolder: writing into a folder that does not exist names the
+// folder, not the temporary file.
+func TestMissingFolder(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "absent")
+	err := WriteBytes(filepath.Join(dir, "x.png"), []byte("x"))
+	if err == nil || !strings.Contains(err.Error(), "its folder "+dir) || strings.Contains(err.Error(), ".tmp") {
+		t.Errorf("error %v, want one naming the folder %s and no temporary file", err, dir)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path"
 	"sort"
@@ -207,12 +208,18 @@ func (c Cluster) validate(present map[string]any) error {
 			continue
 		}
 		v := r.positive(c)
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return fmt.Errorf("%s = %g: must be a finite number", r.key, v)
+		}
 		if v < 0 || v == 0 && !r.zeroOK {
 			return fmt.Errorf("%s = %g: must be %s", r.key, v, map[bool]string{true: ">= 0", false: "> 0"}[r.zeroOK])
 		}
 	}
 	if c.Name == "" {
 		return fmt.Errorf("name must not be empty")
+	}
+	if c.Device.MemoryBytes >= 1<<60 {
+		return fmt.Errorf("device.memory_bytes = %g: more than an exbibyte; give the bytes of one device", c.Device.MemoryBytes)
 	}
 	if c.Device.PeakFP8 > 0 && c.Device.PeakFP8 < c.Device.PeakBF16 {
 		return fmt.Errorf("device.peak_fp8_flops %g is below peak_bf16_flops %g", c.Device.PeakFP8, c.Device.PeakBF16)

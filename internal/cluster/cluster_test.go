@@ -49,6 +49,10 @@ func TestBadDescriptions(t *testing.T) {
 		{"bad kind", strings.Replace(src, `kind = "gpu"`, `kind = "tpu"`, 1), `device.kind "tpu"`},
 		{"cores on a gpu", strings.Replace(src, `kind = "gpu"`, "kind = \"gpu\"\ncores = 4", 1), "device.cores is only for"},
 		{"wrong type", strings.Replace(src, "nodes = 16", `nodes = "many"`, 1), "cluster x.toml"},
+		{"nan bandwidth", strings.Replace(src, "bandwidth = 50e9", "bandwidth = nan", 1), "inter_node.bandwidth = NaN: must be a finite number"},
+		{"infinite latency", strings.Replace(src, "latency = 3e-6", "latency = inf", 1), "intra_node.latency = +Inf"},
+		{"nan peak", strings.Replace(src, "peak_bf16_flops = 989e12", "peak_bf16_flops = nan", 1), "device.peak_bf16_flops = NaN"},
+		{"absurd memory", strings.Replace(src, "memory_bytes = 85899345920", "memory_bytes = 1e30", 1), "device.memory_bytes = 1e+30"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -191,7 +191,7 @@ func (j *Job) Validate() error {
 	v.notEmpty("model.name", m.Name)
 	v.notEmpty("model.flavor", m.Flavor)
 	if len(m.Converters) > 1 || len(m.Converters) == 1 && m.Converters[0] != "float8" {
-		v.unsupported("model.converters", fmt.Sprintf("%q", m.Converters), `[] (no converters) or ["float8"]`)
+		v.unsupported("model.converters", tomlList(m.Converters), `[] (no converters) or ["float8"]`)
 	}
 	f8 := j.Float8
 	if v.oneOf("float8.recipe_name", f8.RecipeName, float8Recipes) {
@@ -346,3 +346,9 @@ func (j *Job) Validate() error {
 
 	return errors.Join(v.errs...)
 }
+
+// tomlList is a list of strings as a recipe writes it, ["a", "b"]; a
+// fmt.Stringer so that the validator prints it unquoted.
+type tomlList []string
+
+func (l tomlList) String() string { return "[" + quoteAll(l) + "]" }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -1013,6 +1014,35 @@ func TestWhySlowerAddsUp(t *testing.T) {
 	}
 	if got := sum * best.TokensPerDevice; math.Abs(got-extra) > 1e-9 {
 		t.Errorf("the parts add to %+.4f of the best's time a token, the total is %+.4f", got, extra)
+	}
+	// And the parts it prints add up to the total it prints, but for
+	// rounding and the parts under half a percent.
+	named, omitted := 0.0, 0
+	for i := range gp {
+		if d := (gp[i].Seconds/(given.TokensPerDevice*given.Step.Step) - bp[i].Seconds/(best.TokensPerDevice*best.Step.Step)) * best.TokensPerDevice; math.Abs(d) < 0.005 && d != 0 {
+			omitted++
+		}
+	}
+	body := strings.TrimPrefix(why, head)
+	saves := ""
+	if i := strings.Index(body, "(saves "); i >= 0 {
+		body, saves = body[:i], strings.TrimSuffix(body[i+len("(saves "):], ")")
+	}
+	for sign, list := range map[float64]string{1: body, -1: saves} {
+		for _, part := range strings.Split(list, ", ") {
+			if part = strings.TrimSpace(part); part == "" {
+				continue
+			}
+			f := strings.Fields(part)
+			v, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimPrefix(f[len(f)-1], "+"), "%"), 64)
+			if err != nil {
+				t.Fatalf("part %q of %q: %v", part, why, err)
+			}
+			named += sign * v
+		}
+	}
+	if tol := 0.5*float64(strings.Count(why, "%")) + 0.5*float64(omitted); math.Abs(named-100*extra) > tol {
+		t.Errorf("%q: the parts printed add to %+.1f%%, the total is %+.1f%% (tolerance %.1f)", why, named, 100*extra, tol)
 	}
 }
 

@@ -37,6 +37,15 @@ type Breakdown struct {
 	Step float64 `json:"-"`
 }
 
+// idle is the busiest pipeline rank's idle share of its step (the
+// "pipeline bubble" line of the breakdown).
+func (b Breakdown) idle() float64 {
+	if b.Step <= 0 {
+		return 0
+	}
+	return b.Bubble / b.Step
+}
+
 // accumulated is the breakdown of a step that accumulates n local
 // batches: each runs the whole schedule with its gathers and reductions
 // (as the engine does: ForwardBackward runs the pipeline schedule once

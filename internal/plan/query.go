@@ -116,8 +116,10 @@ func (q Query) check(c cluster.Cluster) error {
 		return fmt.Errorf("plan: --world %d: cluster %s has %d devices (%d per node × %d)", q.World, c.Name, c.World(), c.DevicesPerNode, c.Nodes)
 	case q.Search && o.Top < 1:
 		return fmt.Errorf("plan: --top %d: show at least one layout", o.Top)
-	case o.MaxTP < 0 || o.MaxCP < 0:
-		return fmt.Errorf("plan: --max-tp %d, --max-cp %d: want a degree, or 0 for the default", o.MaxTP, o.MaxCP)
+	case o.MaxTP < 0:
+		return fmt.Errorf("plan: --max-tp %d: want a degree, or 0 for the default", o.MaxTP)
+	case o.MaxCP < 0:
+		return fmt.Errorf("plan: --max-cp %d: want a degree, or 0 for the default", o.MaxCP)
 	case o.MaxTP > c.DevicesPerNode:
 		return fmt.Errorf("plan: --max-tp %d: the search keeps tensor parallelism within a node, and cluster %s has %d devices a node", o.MaxTP, c.Name, c.DevicesPerNode)
 	}

@@ -49,6 +49,9 @@ type JSONPrediction struct {
 		PerRank       []float64 `json:"predicted_per_pipeline_rank,omitempty"`
 		Capacity      float64   `json:"capacity"`
 		Fits          bool      `json:"fits"`
+		// FitsHeadroom: it also leaves the DefaultHeadroom free that
+		// --search keeps against the memory prediction's error.
+		FitsHeadroom bool `json:"fits_with_search_headroom"`
 	} `json:"memory_bytes"`
 	Step            []namedTime `json:"step_seconds"`
 	StepTotal       float64     `json:"step_total_seconds"`
@@ -104,6 +107,7 @@ func (p Prediction) JSON() JSONPrediction {
 	j.Memory.Params, j.Memory.Grads, j.Memory.Optimizer = m.Params, m.Grads, m.Optimizer
 	j.Memory.FSDPBuffers, j.Memory.Activations, j.Memory.Comm, j.Memory.Total = m.FSDPBuffers, m.Activations, m.Comm, m.Total()
 	j.Memory.Predicted, j.Memory.Capacity, j.Memory.Fits = p.MemoryBytes, p.Capacity, p.Fits()
+	j.Memory.FitsHeadroom = p.fitsWithin(DefaultHeadroom)
 	j.Memory.PerRank = p.RankMemoryBytes
 	j.Memory.Loss, j.Memory.PipelineGrads, j.Memory.PipelineSets, j.Memory.SAC = p.LossBytes, p.PipelineGradBytes, p.PipelineSetBytes, p.SACBytes
 	j.Step, j.StepTotal, j.FSDPTotal, j.DPTotal = p.Step.parts(), p.Step.Step, p.Step.FSDPTotal, p.Step.DPTotal
@@ -181,7 +185,7 @@ func WriteTable(w io.Writer, p Prediction, cal Calibration) {
 			fmt.Fprintf(w, "pipeline ranks' compute: %s (the busiest %.2f× the mean)\n", strings.Join(busy, ", "), parallel.Imbalance(p.RankCompute))
 		}
 	}
-	fmt.Fprintf(w, "tokens/s per device %.4g, MFU %.1f%%\n", p.TokensPerDevice, 100*p.MFU)
+	fmt.Fprintf(w, "tokens/s per device %s, MFU %.1f%%\n", rate(p.TokensPerDevice), 100*p.MFU)
 }
 
 // WriteSearch writes a search's top layouts.
@@ -197,8 +201,8 @@ func WriteSearch(w io.Writer, r SearchResult, cal Calibration) {
 	fmt.Fprintf(tw, "#\tlayout\ttokens/s/dev\tMFU\tmemory\tstep\tbubble\twhy slower than #1\n")
 	for i, c := range r.Top {
 		p := c.Prediction
-		fmt.Fprintf(tw, "%d\t%s\t%.4g\t%.1f%%\t%s\t%s\t%.1f%%\t%s\n", i+1, p.Job.Layout, p.TokensPerDevice, 100*p.MFU,
-			bytesize.Human(int64(p.MemoryBytes)), seconds(p.Step.Step), 100*p.BubbleFraction, c.Why)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%.1f%%\t%s\t%s\t%.1f%%\t%s\n", i+1, p.Job.Layout, rate(p.TokensPerDevice), 100*p.MFU,
+			bytesize.Human(int64(p.MemoryBytes)), seconds(p.Step.Step), 100*p.Step.idle(), c.Why)
 	}
 	if r.GivenErr != nil {
 		fmt.Fprintf(tw, "given\t%s\t\t\t\t\t\tcannot run: %v\n", r.GivenLayout, r.GivenErr)
@@ -211,10 +215,11 @@ func WriteSearch(w io.Writer, r SearchResult, cal Calibration) {
 		if r.Given.Why != "" {
 			rank += ": " + r.Given.Why
 		}
-		fmt.Fprintf(tw, "given\t%s\t%.4g\t%.1f%%\t%s\t%s\t%.1f%%\t%s\n", g.Job.Layout, g.TokensPerDevice, 100*g.MFU,
-			bytesize.Human(int64(g.MemoryBytes)), seconds(g.Step.Step), 100*g.BubbleFraction, rank)
+		fmt.Fprintf(tw, "given\t%s\t%s\t%.1f%%\t%s\t%s\t%.1f%%\t%s\n", g.Job.Layout, rate(g.TokensPerDevice), 100*g.MFU,
+			bytesize.Human(int64(g.MemoryBytes)), seconds(g.Step.Step), 100*g.Step.idle(), rank)
 	}
 	tw.Flush()
+	fmt.Fprintln(w, "bubble: the busiest pipeline rank's idle share of its step (its breakdown's \"pipeline bubble\"; --json: bubble_fraction is over all ranks)")
 }
 
 // WriteReference writes the published rows against their predictions,
@@ -257,6 +262,14 @@ func settings(l Layout) string {
 	return fmt.Sprintf("%s, seq %dK", l.options(), l.SeqLen/1024)
 }
 
+// rate is a throughput: whole units from 1000 up, four figures below.
+func rate(v float64) string {
+	if v >= 1000 {
+		return fmt.Sprintf("%.0f", v)
+	}
+	return fmt.Sprintf("%.4g", v)
+}
+
 // superscripts are the footnote marks' digits.
 var superscripts = [10]string{"⁰", "¹", "²", "³", "⁴", "⁵", "⁶", "⁷", "⁸", "⁹"}
 
@@ -279,6 +292,8 @@ func WriteCaveats(w io.Writer, caveats []string) {
 // seconds writes a duration in s or ms.
 func seconds(s float64) string {
 	switch {
+	case s >= 100:
+		return fmt.Sprintf("%.0f s", s)
 	case s >= 1:
 		return fmt.Sprintf("%.3g s", s)
 	case s >= 1e-3:

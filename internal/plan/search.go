@@ -2,8 +2,11 @@ package plan
 
 import (
 	"fmt"
+	"io"
+	"math"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/titan-go/titan/internal/bytesize"
 	"github.com/titan-go/titan/internal/cluster"
@@ -59,6 +62,9 @@ type SearchOptions struct {
 	// leave free to be proposed, against the memory prediction's own
 	// error (0 ≤ Headroom < 1).
 	Headroom float64
+	// Progress, when not nil, receives a line every few seconds of a
+	// long search.
+	Progress io.Writer
 }
 
 // DefaultHeadroom is the search's default Headroom: the largest error of
@@ -100,7 +106,7 @@ func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (Sear
 	global := accum * base.Layout.LocalBatch * bd.DPReplicate * bd.DPShard
 	res := SearchResult{GlobalBatch: global, Headroom: o.Headroom, GivenLayout: base.Layout}
 	cfg := base.Model
-	var fits []Prediction
+	var jobs []Job
 	for _, tp := range powers(min(maxTP, c.DevicesPerNode, world)) {
 		for _, cp := range powers(min(maxCP, world/tp)) {
 			// Every layout uses all world ranks: tp × cp must divide it.
@@ -123,18 +129,27 @@ func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (Sear
 							l.Checkpoint = ac
 							j := base
 							j.Layout = l
-							p, err := predict(j, c, cal, true)
-							if err != nil {
-								continue
-							}
-							res.Tried++
-							if p.fitsWithin(o.Headroom) {
-								fits = append(fits, p)
-							}
+							jobs = append(jobs, j)
 						}
 					}
 				}
 			}
+		}
+	}
+	var fits []Prediction
+	start, shown := time.Now(), time.Now()
+	for i, j := range jobs {
+		if o.Progress != nil && time.Since(shown) > 5*time.Second {
+			shown = time.Now()
+			fmt.Fprintf(o.Progress, "search: %d of %d layouts predicted, %d fit (%.0f s)\n", i, len(jobs), len(fits), time.Since(start).Seconds())
+		}
+		p, err := predict(j, c, cal, true)
+		if err != nil {
+			continue
+		}
+		res.Tried++
+		if p.fitsWithin(o.Headroom) {
+			fits = append(fits, p)
 		}
 	}
 	res.Fit = len(fits)
@@ -146,7 +161,10 @@ func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (Sear
 		res.GivenErr = err
 	} else {
 		var why []string
-		if !g.fitsWithin(o.Headroom) {
+		switch {
+		case !g.Fits():
+			why = append(why, fmt.Sprintf("needs %s, more than the device's %s", bytesize.Human(int64(g.MemoryBytes)), bytesize.Human(int64(g.Capacity))))
+		case !g.fitsWithin(o.Headroom):
 			why = append(why, fmt.Sprintf("needs %s, more than %.0f%% of the device's %s", bytesize.Human(int64(g.MemoryBytes)),
 				100*(1-o.Headroom), bytesize.Human(int64(g.Capacity))))
 		}
@@ -202,9 +220,11 @@ func pipelines(base Layout, d memplan.Degrees, lbs int) []Layout {
 }
 
 // WhySlower explains why p is slower than best: its tokens/s against
-// best's, the time a token takes beyond best's, and the two parts of the
-// step that add most to it (and the one that saves most), each as a
-// share of best's time a token, so that the parts add up to the total.
+// best's, the time a token takes beyond best's, and every part of the
+// step that adds to it (largest first) or saves (in parentheses) at
+// least half a percent, each as a share of best's time a token, so that
+// the parts named add up to the total but for the parts under half a
+// percent.
 func WhySlower(p, best Prediction) string {
 	perTok := func(x Prediction, s float64) float64 {
 		return s / (x.TokensPerDevice * x.Step.Step)
@@ -217,18 +237,21 @@ func WhySlower(p, best Prediction) string {
 	var ds []diff
 	pp, bp := p.Step.parts(), best.Step.parts()
 	for i := range pp {
-		ds = append(ds, diff{pp[i].Name, perTok(p, pp[i].Seconds) - perTok(best, bp[i].Seconds)})
-	}
-	sort.SliceStable(ds, func(i, j int) bool { return ds[i].d > ds[j].d })
-	var why []string
-	for _, x := range ds[:2] {
-		if x.d > 0.005*bt {
-			why = append(why, fmt.Sprintf("%s +%.0f%%", x.name, 100*x.d/bt))
+		if d := perTok(p, pp[i].Seconds) - perTok(best, bp[i].Seconds); math.Abs(d) >= 0.005*bt {
+			ds = append(ds, diff{pp[i].Name, d})
 		}
 	}
-	// And the biggest saving, when it has one.
-	if last := ds[len(ds)-1]; last.d < -0.005*bt {
-		why = append(why, fmt.Sprintf("(saves %s %.0f%%)", last.name, -100*last.d/bt))
+	sort.SliceStable(ds, func(i, j int) bool { return ds[i].d > ds[j].d })
+	var why, saves []string
+	for _, x := range ds {
+		if x.d > 0 {
+			why = append(why, fmt.Sprintf("%s +%.0f%%", x.name, 100*x.d/bt))
+		} else {
+			saves = append([]string{fmt.Sprintf("%s %.0f%%", x.name, -100*x.d/bt)}, saves...)
+		}
+	}
+	if len(saves) > 0 {
+		why = append(why, "(saves "+strings.Join(saves, ", ")+")")
 	}
 	s := fmt.Sprintf("%.1f%% fewer tokens/s, +%.1f%% time a token: ", 100*(1-p.TokensPerDevice/best.TokensPerDevice), 100*(best.TokensPerDevice/p.TokensPerDevice-1))
 	if len(why) == 0 {
