@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"runtime"
 	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/titan-go/titan/internal/bytesize"
@@ -136,20 +139,15 @@ func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (Sear
 			}
 		}
 	}
+	preds := predictAll(jobs, c, cal, o.Progress)
 	var fits []Prediction
-	start, shown := time.Now(), time.Now()
-	for i, j := range jobs {
-		if o.Progress != nil && time.Since(shown) > 5*time.Second {
-			shown = time.Now()
-			fmt.Fprintf(o.Progress, "search: %d of %d layouts predicted, %d fit (%.0f s)\n", i, len(jobs), len(fits), time.Since(start).Seconds())
-		}
-		p, err := predict(j, c, cal, true)
-		if err != nil {
+	for _, p := range preds {
+		if p == nil {
 			continue
 		}
 		res.Tried++
 		if p.fitsWithin(o.Headroom) {
-			fits = append(fits, p)
+			fits = append(fits, *p)
 		}
 	}
 	res.Fit = len(fits)
@@ -192,6 +190,43 @@ func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (Sear
 		res.Top = append(res.Top, cand)
 	}
 	return res, nil
+}
+
+// predictAll predicts jobs on all the host's cores (memplan's memos are
+// safe for concurrent use), each that fits and whose layout is valid in
+// its place, nil where not, writing a line to progress (when not nil)
+// every few seconds.
+func predictAll(jobs []Job, c cluster.Cluster, cal Calibration, progress io.Writer) []*Prediction {
+	out := make([]*Prediction, len(jobs))
+	var next, done atomic.Int64
+	var wg sync.WaitGroup
+	for range max(1, runtime.GOMAXPROCS(0)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < len(jobs); i = int(next.Add(1) - 1) {
+				if p, err := predict(jobs[i], c, cal, true); err == nil {
+					out[i] = &p
+				}
+				done.Add(1)
+			}
+		}()
+	}
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
+	start := time.Now()
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-finished:
+			return out
+		case <-tick.C:
+			if progress != nil {
+				fmt.Fprintf(progress, "search: %d of %d layouts predicted (%.0f s)\n", done.Load(), len(jobs), time.Since(start).Seconds())
+			}
+		}
+	}
 }
 
 // pipelines returns base's layout with degrees d and local batch lbs,
