@@ -110,6 +110,12 @@ func (l *launchFlags) distributed(ctx context.Context, out io.Writer, cs commSet
 	case launch.ModeLauncher:
 		if spec.Elastic != nil {
 			spec.Elastic.CheckWorld = l.checkWorld
+		} else if l.checkWorld != nil {
+			// A fixed world: refuse a layout it cannot hold before any
+			// worker starts (each would refuse it on its own).
+			if err := l.checkWorld(spec.NNodes * spec.NProcPerNode); err != nil {
+				return err
+			}
 		}
 		spec.MetricsAddr, spec.MetricsPublic, spec.Pprof = l.metricsAddr, l.metricsPublic, l.pprof
 		// The launcher forwards Ctrl-C to its workers itself and waits for

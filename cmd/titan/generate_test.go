@@ -141,6 +141,8 @@ func TestGenerateHyena(t *testing.T) {
 	}{
 		{[]string{"--mode", "quick"}, "--mode"},
 		{[]string{"--batch", "0"}, "--batch"},
+		{[]string{"--max-new-tokens", "0"}, "--max-new-tokens 0"},
+		{[]string{"--max-new-tokens", "-5"}, "--max-new-tokens -5"},
 	} {
 		if _, err := titan(t, append(gen, tc.args...)...); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: got %v, want an error naming %s", tc.args, err, tc.want)

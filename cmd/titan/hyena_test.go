@@ -111,3 +111,21 @@ func TestBenchRecipes(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchRecipesChecksEveryRecipeFirst: a comparison whose last recipe
+// cannot run on its workers fails naming that recipe before any recipe
+// trains.
+func TestBenchRecipesChecksEveryRecipeFirst(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.toml")
+	if err := os.WriteFile(bad, []byte("[parallelism]\ntensor_parallel_degree = 3\ndata_parallel_shard_degree = 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := titan(t, "bench", "recipes", "../../recipes/llama3_debug.toml", bad, "--steps", "3", "--nproc", "2", "--out", dir)
+	if err == nil || !strings.Contains(err.Error(), bad) || !strings.Contains(err.Error(), "tp 3") {
+		t.Fatalf("got %v, want an error naming %s and its layout\n%s", err, bad, out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "run-0")); !os.IsNotExist(err) {
+		t.Errorf("the first recipe trained before the last was checked (%s: %v)", filepath.Join(dir, "run-0"), err)
+	}
+}

@@ -3,13 +3,22 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 )
 
+// errInterrupted is a run stopped by Ctrl-C or SIGTERM after saving; the
+// process exits with status 130, as a shell reports a command that
+// SIGINT ended, so that scripts tell it from a failure.
+var errInterrupted = errors.New("interrupted; resume with the same command")
+
 func main() {
 	if err := newRootCmd().Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "titan:", err)
+		if errors.Is(err, errInterrupted) {
+			os.Exit(130)
+		}
 		os.Exit(1)
 	}
 }

@@ -130,12 +130,15 @@ seed --seed + i, and prints each when all are done.`,
   titan generate --checkpoint outputs/hyena_debug/checkpoint --prompt "package" --mode flash --batch 4`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			m, err := modelfile.Load(ckpt)
-			if err != nil {
-				return err
+			if maxNew < 1 {
+				return fmt.Errorf("--max-new-tokens %d: generate at least one token", maxNew)
 			}
 			if batch < 1 {
 				return fmt.Errorf("--batch %d must be positive", batch)
+			}
+			m, err := modelfile.Load(ckpt)
+			if err != nil {
+				return err
 			}
 			if m.Desc.Name == "hyena" {
 				lmode, err := hyenagen.ParseMode(mode)

@@ -136,7 +136,7 @@ for 3 steps in a row.`,
 				return tr.Run(ctx)
 			})
 			if errors.Is(err, context.Canceled) || errors.Is(err, launch.ErrInterrupted) {
-				return fmt.Errorf("interrupted; resume with the same command")
+				return errInterrupted
 			}
 			return err
 		},
@@ -176,28 +176,40 @@ func newConfigCmd() *cobra.Command {
 		},
 	}
 	show.register(showCmd)
+	var world int
 	validateCmd := &cobra.Command{
-		Use:     "validate",
-		Short:   "Check a recipe: keys, types, values and the parallel layout",
-		Example: `  titan config validate --recipe recipes/llama3_405b.toml`,
-		Args:    cobra.NoArgs,
+		Use:   "validate",
+		Short: "Check a recipe: keys, types, values and the parallel layout",
+		Example: `  titan config validate --recipe recipes/llama3_405b.toml
+  titan config validate --recipe recipes/llama3_debug.toml --world 4 --set parallelism.tensor_parallel_degree=2`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			job, err := validate.load()
 			if err != nil {
 				return err
 			}
-			fam, err := train.ModelFamily(job)
-			if err != nil {
-				return err
-			}
-			if err := train.CheckLayout(job, fam); err != nil {
-				return err
+			if cmd.Flags().Changed("world") {
+				if world < 1 {
+					return fmt.Errorf("--world %d: want the job's number of workers (--nproc × nodes)", world)
+				}
+				if err := train.CheckWorld(job, world); err != nil {
+					return err
+				}
+			} else {
+				fam, err := train.ModelFamily(job)
+				if err != nil {
+					return err
+				}
+				if err := train.CheckLayout(job, fam); err != nil {
+					return err
+				}
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok\n", validate.recipe)
 			return nil
 		},
 	}
 	validate.register(validateCmd)
+	validateCmd.Flags().IntVar(&world, "world", 0, "also check the layout on this many workers (--nproc × nodes; data_parallel_shard_degree = -1 takes what the others leave)")
 	cmd.AddCommand(showCmd, validateCmd)
 	return cmd
 }

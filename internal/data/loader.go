@@ -460,6 +460,13 @@ func (l *Loader) State() ([]byte, error) {
 	})
 }
 
+// OtherDataError is a loader state that is intact but was saved for
+// other data than the loader reads: another dataset, split, tokenizer,
+// sequence length or seed.
+type OtherDataError struct{ Msg string }
+
+func (e *OtherDataError) Error() string { return "data: " + e.Msg }
+
 // Restore sets the loader to a state returned by State. It fails, leaving
 // the loader unchanged, if the state is malformed, of another version, or
 // was saved for another dataset, sequence length, seed or tokenizer.
@@ -472,11 +479,11 @@ func (l *Loader) Restore(state []byte) error {
 	case s.Version != stateVersion:
 		return fmt.Errorf("data: loader state version %d, this build reads version %d", s.Version, stateVersion)
 	case s.SeqLen != l.cfg.SeqLen:
-		return fmt.Errorf("data: loader state was saved with seq_len %d, the loader has seq_len %d", s.SeqLen, l.cfg.SeqLen)
+		return &OtherDataError{fmt.Sprintf("loader state was saved with seq_len %d, the loader has seq_len %d", s.SeqLen, l.cfg.SeqLen)}
 	case s.Fingerprint != l.fp:
-		return fmt.Errorf("data: loader state belongs to another dataset: saved for %s, this loader reads %s (fingerprints differ: files, sizes, split, shuffling or tokenizer changed)", s.Dataset, l.src.Name())
+		return &OtherDataError{fmt.Sprintf("loader state belongs to another dataset: saved for %s, this loader reads %s (fingerprints differ: files, sizes, split, shuffling or tokenizer changed)", s.Dataset, l.src.Name())}
 	case s.Seed != l.cfg.Seed:
-		return fmt.Errorf("data: loader state was saved with seed %d, the loader has seed %d", s.Seed, l.cfg.Seed)
+		return &OtherDataError{fmt.Sprintf("loader state was saved with seed %d, the loader has seed %d", s.Seed, l.cfg.Seed)}
 	case s.Steps < 0 || s.Documents < 0:
 		return errors.New("data: malformed loader state: negative counters")
 	}

@@ -279,7 +279,7 @@ func TestWarnings(t *testing.T) {
 	for _, tc := range []struct {
 		warmup, steps int
 		want          string
-	}{{10, 100, ""}, {100, 100, ""}, {200, 100, "warmup_steps 200 exceeds training.steps 100: the learning rate never reaches optimizer.lr"}} {
+	}{{10, 100, ""}, {100, 100, ""}, {200, 100, "warmup_steps 200 exceeds training.steps 100: the warmup is cut to 100 steps (as torchtitan does), so the learning rate reaches optimizer.lr only at the last step"}} {
 		job := config.Default()
 		job.LRScheduler.WarmupSteps, job.Training.Steps = tc.warmup, tc.steps
 		got := strings.Join(Warnings(job), "\n")

@@ -12,7 +12,7 @@ import (
 func Warnings(job *config.Job) []string {
 	var out []string
 	if w, s := job.LRScheduler.WarmupSteps, job.Training.Steps; w > s {
-		out = append(out, fmt.Sprintf("lr_scheduler.warmup_steps %d exceeds training.steps %d: the learning rate never reaches optimizer.lr", w, s))
+		out = append(out, fmt.Sprintf("lr_scheduler.warmup_steps %d exceeds training.steps %d: the warmup is cut to %d steps (as torchtitan does), so the learning rate reaches optimizer.lr only at the last step", w, s, s))
 	}
 	return out
 }

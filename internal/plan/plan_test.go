@@ -748,6 +748,21 @@ func TestMFUPeak(t *testing.T) {
 			t.Errorf("bf16 %v: MFU %.4f, want %.4f (of %.3g FLOP/s)", tc.bf16, p.MFU, want, tc.peak)
 		}
 	}
+	// Two ranks share the host: each holds half its peak, so FSDP2's MFU
+	// is the job's (two ranks' tokens) against the whole host's, as
+	// titan train logs it.
+	j := debugJob(t, deg(1, 1, 2, 1, 1), "")
+	c2, err := host.WithWorld(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := Predict(j, c2, cal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := j.Model.FLOPsPerToken(j.Layout.SeqLen) * 2 * p.TokensPerDevice / host.Device.PeakFP32; math.Abs(p.MFU/want-1) > 1e-12 {
+		t.Errorf("FSDP2 on one host: MFU %.4f, want the job's %.4f", p.MFU, want)
+	}
 }
 
 // h100 is the H100 SXM cluster with the calibration from the published

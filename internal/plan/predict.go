@@ -323,11 +323,14 @@ func predict(job Job, c cluster.Cluster, cal Calibration, onlyFitting bool) (Pre
 	tokens := float64(l.accum()*l.LocalBatch*l.SeqLen) / float64(d.TP*d.CP*d.PP)
 	pred.TokensPerDevice = tokens / step.Step
 	// MFU against the peak of the precision the products run in: a CPU
-	// host's float32 peak unless mixed precision runs them in bfloat16.
+	// host's float32 peak unless mixed precision runs them in bfloat16,
+	// each of the ranks that share the host holding its share (so that
+	// it reads as titan train's MFU, the job's against the host's peak).
 	peak := c.Device.PeakBF16
 	if c.CPU() && !(l.ParamBF16 && peak > 0) {
 		peak = c.Device.PeakFP32
 	}
+	peak /= float64(max(1, RuntimeOf(c, l).Shared))
 	pred.MFU = job.Model.FLOPsPerToken(l.SeqLen) * pred.TokensPerDevice / peak
 	return pred, nil
 }

@@ -89,9 +89,18 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 	if o.Steps < 2 {
 		return nil, fmt.Errorf("recipebench: --steps %d: need at least 2 steps (the first holds start-up)", o.Steps)
 	}
+	// Every recipe is checked, on the comparison's workers, before any
+	// trains: a mistake in the last one should not cost the others' runs.
 	for _, r := range o.Recipes {
 		if _, err := os.Stat(r); err != nil {
 			return nil, fmt.Errorf("recipebench: recipe %s: %w", r, err)
+		}
+		args := []string{"config", "validate", "--recipe", r, "--world", strconv.Itoa(max(o.NProc, 1)), "--set", "training.steps=" + strconv.Itoa(o.Steps)}
+		for _, s := range o.Sets {
+			args = append(args, "--set", s)
+		}
+		if out, err := exec.CommandContext(ctx, o.Exe, args...).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("recipebench: recipe %s: %s", r, strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(string(out)), "titan: ")))
 		}
 	}
 	var out []Result

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/titan-go/titan/internal/data"
 	"os"
 	"path/filepath"
 	"slices"
@@ -364,6 +365,10 @@ func (tr *Trainer) loadFull(r *checkpoint.Reader) error {
 			return err
 		}
 		if err := tr.Data.Restore(ds); err != nil {
+			var other *data.OtherDataError
+			if errors.As(err, &other) {
+				return fmt.Errorf("%w: checkpoint %s is intact, but the recipe's data differ from those of the run that saved it (%s): set training.dataset, dataset_path, seq_len, seed, model.tokenizer_path and validation.enable (validation without a dataset of its own holds part of the training data out) as they were to resume, or choose another job.dump_folder", errIncompatible, r.Dir, other.Msg)
+			}
 			return fmt.Errorf("checkpoint %s: data loader: %w", r.Dir, err)
 		}
 		if tr.Val != nil {

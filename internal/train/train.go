@@ -433,7 +433,7 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 	}
 	defer tr.log.Close()
 	B, T := job.Training.LocalBatchSize, job.Training.SeqLen
-	tr.log.Printf("titan: %s %s, %s parameters, %d sequences × %d tokens per step (%d accumulated local batches of %d on each of %d data ranks), %s per rank, peak %.0f GFLOP/s, activation checkpointing %s (%.1f MiB of activations on rank 0)",
+	tr.log.Printf("titan: %s %s, %s parameters, %d sequences × %d tokens per step (%d accumulated local batches of %d on each of %d data ranks), %s per rank, MFU against the job's peak of %.0f GFLOP/s, activation checkpointing %s (%.1f MiB of activations on rank 0)",
 		job.Model.Name, job.Model.Flavor, humanCount(numParams(tr.fam)), tr.accum*B*tr.dataRanks(), T, tr.accum, B, tr.dataRanks(), tr.dev.Name, tr.peakFLOPS/1e9,
 		tr.acPolicy(), float64(tr.eng.Memory().ActivationBytes)/(1<<20))
 	tr.log.Printf("titan: optimizer %s (%s)", tr.Opt.Name(), tr.Opt.Implementation())

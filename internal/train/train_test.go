@@ -73,6 +73,29 @@ func TestInterruptAndResume(t *testing.T) {
 	}
 }
 
+// TestResumeWithOtherDataIsRefused: a checkpoint saved with validation
+// holding part of the training data out, resumed with validation off,
+// reads other training data: the run stops, calling the checkpoint
+// intact and naming the keys to set back, rather than skipping it as
+// damaged.
+func TestResumeWithOtherDataIsRefused(t *testing.T) {
+	dump := t.TempDir()
+	job := testJob(t, dump, 4)
+	job.Validation.Enable, job.Validation.Freq, job.Validation.Steps = true, 2, 1
+	job.Validation.LocalBatchSize, job.Validation.SeqLen = 2, 16
+	lossesOf(t, job, 2)
+	again := testJob(t, dump, 4)
+	again.Training.DatasetPath = job.Training.DatasetPath
+	tr, err := New(again, testDevice(0), io.Discard, nil)
+	if err == nil {
+		err = tr.Run(context.Background())
+		tr.Close()
+	}
+	if err == nil || !strings.Contains(err.Error(), "is intact") || !strings.Contains(err.Error(), "validation.enable") || strings.Contains(err.Error(), "damaged") {
+		t.Fatalf("resumed with validation off: %v; want a refusal calling the checkpoint intact and naming validation.enable", err)
+	}
+}
+
 // TestActivationCheckpointingTrainsIdentically: the recipe's
 // [activation_checkpoint] policy reaches the model (its activation plan
 // shrinks) and changes nothing in training: every policy's losses over

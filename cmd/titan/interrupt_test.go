@@ -1,0 +1,44 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestInterruptExitsWith130: Ctrl-C (SIGINT to the launcher) during a
+// two-worker run saves a checkpoint and exits with status 130, as a
+// shell reports a command SIGINT ended (a failure exits 1); the same
+// command then resumes.
+func TestInterruptExitsWith130(t *testing.T) {
+	dump, data := t.TempDir(), corpus(t)
+	args := append(tinyRun(dump, data, 60), "--nproc", "2")
+	p := startTitan(t, nil, args...)
+	p.await(t, `step +3 `, 0)
+	if err := p.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	select {
+	case err = <-p.done:
+		p.done <- err
+	case <-time.After(120 * time.Second):
+		t.Fatalf("no exit after SIGINT:\n%s", p.out)
+	}
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 130 || !strings.Contains(p.out.String(), "interrupted; resume with the same command") {
+		t.Fatalf("after SIGINT: %v, want exit status 130 and the resume hint\n%s", err, p.out)
+	}
+	steps, _ := filepath.Glob(filepath.Join(dump, "checkpoint", "step-*"))
+	if len(steps) == 0 {
+		t.Fatalf("no checkpoint saved on SIGINT\n%s", p.out)
+	}
+	out, err := titan(t, tinyRun(dump, data, 60)...)
+	if err != nil || !strings.Contains(out, "resum") || !strings.Contains(out, "step    60") {
+		t.Errorf("resuming after SIGINT: %v\n%s", err, out)
+	}
+}
