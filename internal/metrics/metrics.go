@@ -40,6 +40,9 @@ import (
 )
 
 // Record is one logged step. Its JSON keys are the metrics.jsonl schema.
+//
+// Loss, GradNorm and LR are the logged step's own; TokensPerSec (and
+// TFLOPs, MFU) are measured over the steps since the previous record.
 type Record struct {
 	Step         int     `json:"step"`
 	Loss         float64 `json:"loss"`

@@ -483,10 +483,13 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 	logFreq := max(1, job.Metrics.LogFreq)
 	start := time.Now()
 	tr.loopStart = start
+	// Tokens/s is measured over the steps since the last log line; the
+	// loss, gradient norm and learning rate logged are the step's own, as
+	// torchtitan logs them (and as loss_steps.jsonl, titan top and the
+	// Prometheus gauges show them), so runs logged at other frequencies
+	// compare step for step.
 	windowStart, windowTokens := time.Now(), 0
-	var lossSum float64
 	balanceChecked := false
-	var lossN int
 	for tr.Step < job.Training.Steps {
 		// A background save that failed fails the run here.
 		if err := tr.pollSave(); err != nil {
@@ -526,8 +529,6 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 			tr.OnStep(tr.Step, loss)
 		}
 		windowTokens += tr.accum * B * T * tr.dataRanks()
-		lossSum += loss
-		lossN++
 		if err := tr.log.Step(tr.Step, loss); err != nil {
 			return err
 		}
@@ -570,7 +571,7 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 			sec := time.Since(windowStart).Seconds()
 			tps := float64(windowTokens) / sec
 			rec := metrics.Record{
-				Step: tr.Step, Loss: lossSum / float64(lossN), GradNorm: gnorm, LR: lr,
+				Step: tr.Step, Loss: loss, GradNorm: gnorm, LR: lr,
 				TokensPerSec: tps, TFLOPs: flopsPerToken * tps / 1e12, MemGiB: mem, StateGiB: state, GatheredUnits: int(gathered),
 				Tokens:   int64(tr.Step) * int64(tr.accum*B*T*tr.dataRanks()),
 				ElapsedS: tr.elapsedS(), ValLoss: val,
@@ -582,7 +583,7 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 				return err
 			}
 			tr.recordStep(rec)
-			windowStart, windowTokens, lossSum, lossN = time.Now(), 0, 0, 0
+			windowStart, windowTokens = time.Now(), 0
 		}
 		ck := job.Checkpoint
 		interval := ck.Interval > 0 && tr.Step%ck.Interval == 0
