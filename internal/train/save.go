@@ -11,6 +11,7 @@ import (
 	"github.com/titan-go/titan/internal/checkpoint"
 	"github.com/titan-go/titan/internal/comm"
 	"github.com/titan-go/titan/internal/hf"
+	"github.com/titan-go/titan/internal/hostmem"
 	"github.com/titan-go/titan/internal/modelfile"
 )
 
@@ -220,10 +221,20 @@ func (tr *Trainer) snapshot(modelOnly bool) (func() error, error) {
 		prefixes = append(prefixes, "optimizer/exp_avg/", "optimizer/exp_avg_sq/")
 	}
 	var shards []checkpoint.Shard
+	var frees []func()
+	release := func() {
+		for _, f := range frees {
+			f()
+		}
+	}
 	for i, b := range bufs {
 		var h []float32
 		if ck.AsyncMode == "async" {
-			h = make([]float32, b.Len) // freed once written
+			// Freed once written; outside the Go heap, whose fresh
+			// pages cost a fault each (hostmem).
+			var free func()
+			h, free = hostmem.Float32s(b.Len)
+			frees = append(frees, free)
 		} else {
 			if len(tr.ck.pinned[i]) != b.Len {
 				tr.ck.pinned[i] = make([]float32, b.Len)
@@ -237,9 +248,11 @@ func (tr *Trainer) snapshot(modelOnly bool) (func() error, error) {
 	if tr.dist.Rank == 0 {
 		desc, err := modelfile.Describe(tr.fam, tr.Job.Model.Flavor)
 		if err != nil {
+			release()
 			return nil, err
 		}
 		if blobs, err = modelfile.Blobs(desc, tr.Job.Model.TokenizerPath); err != nil {
+			release()
 			return nil, err
 		}
 		if !modelOnly {
@@ -247,12 +260,14 @@ func (tr *Trainer) snapshot(modelOnly bool) (func() error, error) {
 			blobs[checkpoint.TrainStateBlob] = ts
 			ds, err := tr.Data.State()
 			if err != nil {
+				release()
 				return nil, fmt.Errorf("checkpoint: data loader state: %w", err)
 			}
 			blobs["dataloader.json"] = ds
 			if tr.Val != nil {
 				vs, err := tr.Val.State()
 				if err != nil {
+					release()
 					return nil, fmt.Errorf("checkpoint: validation loader state: %w", err)
 				}
 				blobs["val_dataloader.json"] = vs
@@ -268,6 +283,7 @@ func (tr *Trainer) snapshot(modelOnly bool) (func() error, error) {
 	}
 	keep := ck.KeepLatestK
 	return func() error {
+		defer release() // the shards' host copies are written or abandoned
 		p, err := checkpoint.Begin(folder, step, session, world)
 		if err != nil {
 			return err
