@@ -56,7 +56,8 @@ Progress goes to stderr; --plot writes throughput bars and loss curves.`,
 			if err != nil {
 				return err
 			}
-			if dir == "" {
+			kept := dir != ""
+			if !kept {
 				if dir, err = os.MkdirTemp("", "titan-bench-recipes-"); err != nil {
 					return err
 				}
@@ -67,6 +68,11 @@ Progress goes to stderr; --plot writes throughput bars and loss curves.`,
 			})
 			if err != nil {
 				return err
+			}
+			if !kept {
+				for i := range rs {
+					rs[i].Dump = "" // removed on return: --out keeps them
+				}
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {

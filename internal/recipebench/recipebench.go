@@ -50,7 +50,7 @@ type Result struct {
 	// RunID is the run's id in the run store ("" when it was not
 	// recorded; see metrics.enable_db).
 	RunID string `json:"run_id"`
-	Dump  string `json:"dump_folder"`
+	Dump  string `json:"dump_folder,omitempty"`
 	Steps int    `json:"steps"`
 	// TokensPerSec, TFLOPs and MFU are means over the logged steps after
 	// the first (which holds start-up).

@@ -474,7 +474,7 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 		tr.log.Printf("titan: checkpoint.load_only: no checkpoint will be saved")
 	}
 	if tr.Step >= job.Training.Steps {
-		tr.log.Printf("titan: already trained %d of %d steps; nothing to do", tr.Step, job.Training.Steps)
+		tr.log.Printf("titan: the checkpoints in %s already trained %d of %d steps; nothing to do (raise training.steps to train on, or set job.dump_folder to start a new run)", tr.ckptFolder, tr.Step, job.Training.Steps)
 		return nil
 	}
 	tr.startRecording()
