@@ -143,8 +143,9 @@ aggregate as the mode says).`,
   titan analyze best_step --db runs.db --mode aggregate run-42`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if db == "" {
-				return fmt.Errorf("--db URL is required")
+			db, err := runstore.Target(db, os.Getenv) // as titan runs: --db, else $TITAN_DB, else the user's run store
+			if err != nil {
+				return err
 			}
 			m := aggify.Mode(mode)
 			if m != aggify.ModeLoop && m != aggify.ModeAggregate && m != aggify.ModeAuto && m != "client" {
@@ -207,7 +208,7 @@ aggregate as the mode says).`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&db, "db", "", "PostgreSQL connection URL, or a SQLite run store file")
+	cmd.Flags().StringVar(&db, "db", "", "PostgreSQL connection URL, or a SQLite run store file (default: $TITAN_DB, else the user's run store, as titan runs)")
 	cmd.Flags().StringVar(&mode, "mode", "auto", "loop, aggregate, auto or client")
 	cmd.Flags().StringVar(&cache, "cache", "", "where auto records its choice (default: the user cache folder, titan/aggify-modes.json)")
 	return cmd

@@ -30,7 +30,7 @@ func newBenchCmd() *cobra.Command {
 		Use:   "bench",
 		Short: "Benchmarks of titan's building blocks",
 		Example: `  titan bench comm --op allreduce --size 64MiB --nproc 2
-  titan bench generate --recipe recipes/hyena_debug.toml --length 4096 --mode lazy,flash`,
+  titan bench generate --recipe recipes/hyena_debug.toml --length 1024 --mode lazy,flash`,
 	}
 	cmd.AddCommand(newBenchCommCmd(), newBenchGenerateCmd(), newBenchRecipesCmd())
 	return cmd
@@ -219,7 +219,7 @@ initialised from its training.seed (no checkpoint needed), or --checkpoint.
 --lengths (or --plot alone: powers of two from 2^10 up to --length) sweeps
 several lengths; lazy and eager are skipped above --slow-max. --plot writes
 time against length on log-log axes as a PNG.`,
-		Example: `  titan bench generate --recipe recipes/hyena_debug.toml --length 4096 --mode lazy,eager,flash
+		Example: `  titan bench generate --recipe recipes/hyena_debug.toml --length 1024 --mode lazy,eager,flash
   titan bench generate --recipe recipes/hyena_debug.toml --set model.flavor=long --length 131072 --mode lazy,flash --threads 1 --plot bench/generate/time.png
   titan bench generate --checkpoint outputs/hyena_debug/checkpoint --length 1024 --batch 4 --prompt 64 --json`,
 		Args: cobra.NoArgs,
@@ -232,20 +232,23 @@ time against length on log-log axes as a PNG.`,
 				}
 				ms = append(ms, mode)
 			}
-			if length < 1 {
+			if length < 0 || cmd.Flags().Changed("length") && length == 0 {
 				return fmt.Errorf("--length %d must be positive", length)
 			}
 			if batch < 1 {
 				return fmt.Errorf("--batch %d must be positive", batch)
 			}
+			cfg, flat, name, err := benchModel(&rf, ckpt)
+			if err != nil {
+				return err
+			}
+			if length == 0 {
+				length = cfg.LMax // the whole of the model's filters
+			}
 			if prompt < 0 || prompt >= length {
 				return fmt.Errorf("--prompt %d must be in [0, --length %d)", prompt, length)
 			}
 			ls, err := benchLengths(lengths, length, plotFile != "")
-			if err != nil {
-				return err
-			}
-			cfg, flat, name, err := benchModel(&rf, ckpt)
 			if err != nil {
 				return err
 			}
@@ -310,7 +313,7 @@ time against length on log-log axes as a PNG.`,
 	rf.register(cmd)
 	f := cmd.Flags()
 	f.StringVar(&ckpt, "checkpoint", "", "time this hyena checkpoint instead of the recipe's random model")
-	f.IntVar(&length, "length", 4096, "positions per sequence (prompt included); the largest of a --plot sweep")
+	f.IntVar(&length, "length", 0, "positions per sequence (prompt included); the largest of a --plot sweep (default: the model's l_max)")
 	f.StringVar(&lengths, "lengths", "", "comma-separated lengths to sweep, e.g. 2^10,2^12,5000 (default: --length; with --plot, powers of two from 2^10 to --length)")
 	f.StringVar(&modes, "mode", "lazy,eager,flash", "comma-separated modes: lazy, eager, flash")
 	f.IntVar(&batch, "batch", 1, "sequences generated together")

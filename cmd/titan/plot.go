@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -23,6 +25,9 @@ func newPlotCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, ids []string) error {
 			if out == "" {
 				return errors.New("--out: name the PNG file to write")
+			}
+			if !strings.EqualFold(filepath.Ext(out), ".png") {
+				return fmt.Errorf("--out %s: titan plot writes PNG; name a .png file", out)
 			}
 			target, err := runstore.Target(db, os.Getenv)
 			if err != nil {

@@ -63,6 +63,9 @@ its process is gone from this host or no heartbeat came for ` + runstore.StaleAf
 		Example: "  titan runs list -n 5",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if limit < 0 {
+				return fmt.Errorf("--limit %d: want the number of runs to show, or 0 for all", limit)
+			}
 			s, target, err := open(cmd.Context())
 			if errors.Is(err, runstore.ErrNoStore) {
 				if !asJSON {
@@ -86,6 +89,9 @@ its process is gone from this host or no heartbeat came for ` + runstore.StaleAf
 		Example: "  titan runs show 20261201-1026\n  titan runs show 20261201-1026 --recipe",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if recipe && asJSON {
+				return errors.New("--recipe prints the run's recipe as TOML; --json prints the run as JSON (whose recipe field holds it): choose one")
+			}
 			s, _, err := open(cmd.Context())
 			if err != nil {
 				return err
@@ -100,7 +106,7 @@ its process is gone from this host or no heartbeat came for ` + runstore.StaleAf
 		Use:     "compare ID ID...",
 		Short:   "Runs side by side: final loss, loss at equal tokens, mean tokens/s, MFU, peak memory",
 		Example: "  titan runs compare 20261201-1026 20261201-1104",
-		Args:    cobra.MinimumNArgs(1),
+		Args:    cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			s, _, err := open(cmd.Context())
 			if err != nil {

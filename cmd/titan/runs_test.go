@@ -183,3 +183,22 @@ func TestKilledRunIsInterrupted(t *testing.T) {
 		t.Errorf("killed run: status %s, error %q, ended %v; want interrupted naming %q", r.Status, r.Error, r.EndedAt, want)
 	}
 }
+
+// TestRunsFlagsRefused: flags that cannot do what they say are refused,
+// naming them, before the run store is opened.
+func TestRunsFlagsRefused(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "none.db")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"runs", "compare", "20261201-1026", "--db", db}, "at least 2"},
+		{[]string{"runs", "show", "20261201-1026", "--recipe", "--json", "--db", db}, "--recipe"},
+		{[]string{"runs", "list", "-n", "-1", "--db", db}, "--limit -1"},
+		{[]string{"plot", "20261201-1026", "--out", "loss.svg", "--db", db}, "--out loss.svg"},
+	} {
+		if _, err := titan(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want an error naming %q", tc.args, err, tc.want)
+		}
+	}
+}

@@ -54,7 +54,7 @@ func interpret(ctx context.Context, f *Func, args []Value, q Rows, agg func(*int
 			}
 			v, err := coerce(args[i], p.Type)
 			if err != nil {
-				return nil, err
+				return nil, fmt.Errorf("aggify: %s: argument %d (%s %s) %q: %w", f.Name, i+1, p.Name, p.Type, textOfValue(args[i]), err)
 			}
 			in.env[p] = v
 			i++

@@ -211,7 +211,11 @@ func CheckLoopback(flag, addr string, public bool) error {
 		return nil
 	}
 	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
-		return fmt.Errorf("%s %q: not a loopback address; metrics and profiles are served on loopback only (127.0.0.1:PORT)", flag, addr)
+		hint := ""
+		if flag == "--metrics-addr" {
+			hint = " unless --metrics-public says to serve the network"
+		}
+		return fmt.Errorf("%s %q: not a loopback address; metrics and profiles are served on loopback only (127.0.0.1:PORT)%s", flag, addr, hint)
 	}
 	return nil
 }

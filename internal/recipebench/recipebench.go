@@ -273,10 +273,10 @@ func firstCheckpoint(dump string, start time.Time) float64 {
 }
 
 // runID finds the run store's id in a training log ("titan: run ID,
-// recorded in ...").
+// recording to ...").
 func runID(log string) string {
 	for _, l := range strings.Split(log, "\n") {
-		if i := strings.Index(l, "titan: run "); i >= 0 && strings.Contains(l, ", recorded in ") {
+		if i := strings.Index(l, "titan: run "); i >= 0 && strings.Contains(l, ", recording to ") {
 			f := strings.Fields(l[i+len("titan: run "):])
 			if len(f) > 0 {
 				return strings.TrimSuffix(f[0], ",")

@@ -44,7 +44,7 @@ func TestSummarize(t *testing.T) {
 
 // TestRunID finds the run store's id in a training log.
 func TestRunID(t *testing.T) {
-	log := "titan: llama3 debug\n[rank 0] titan: run 20261201-102653-3fa9, recorded in /x/runs.db\nstep 1\n"
+	log := "titan: llama3 debug\n[rank 0] titan: run 20261201-102653-3fa9, recording to /x/runs.db (spooled into the dump folder while it cannot be reached)\nstep 1\n"
 	if got := runID(log); got != "20261201-102653-3fa9" {
 		t.Errorf("runID = %q", got)
 	}

@@ -1,6 +1,7 @@
 package train
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"time"
@@ -51,7 +52,7 @@ func (tr *Trainer) startRecording() {
 		spool = filepath.Join(job.Job.DumpFolder, runstore.SpoolFile)
 	}
 	tr.rec = runstore.Start(run, runstore.Options{Target: target, Spool: spool})
-	tr.log.Printf("titan: run %s, recorded in %s", run.ID, runstore.Redact(target))
+	tr.log.Printf("titan: run %s, recording to %s (spooled into the dump folder while it cannot be reached)", run.ID, runstore.Redact(target))
 }
 
 // recordStep hands a logged step to the run store.
@@ -80,6 +81,12 @@ func (tr *Trainer) endRecording(runErr error) {
 	errText := ""
 	if runErr != nil {
 		errText = runErr.Error()
+	}
+	if runstore.StatusOf(runErr) == runstore.Interrupted {
+		errText = fmt.Sprintf("stopped after step %d (Ctrl-C or SIGTERM), its checkpoint saved; resume with the same command", tr.Step)
+		if !tr.Job.Checkpoint.Enable || tr.Job.Checkpoint.LoadOnly {
+			errText = fmt.Sprintf("stopped after step %d (Ctrl-C or SIGTERM); checkpoint.enable is off, so nothing was saved to resume from", tr.Step)
+		}
 	}
 	rec := tr.rec
 	tr.rec = nil

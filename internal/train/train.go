@@ -489,6 +489,7 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 	// Prometheus gauges show them), so runs logged at other frequencies
 	// compare step for step.
 	windowStart, windowTokens := time.Now(), 0
+	var last struct{ loss, gnorm, lr float64 } // the last step's, for a log line at an interruption
 	balanceChecked := false
 	for tr.Step < job.Training.Steps {
 		// A background save that failed fails the run here.
@@ -500,6 +501,22 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 			return err
 		}
 		if stop {
+			if windowTokens > 0 {
+				// The steps since the last log line: logged (and
+				// recorded) so that the run ends at the step it reached.
+				sec := time.Since(windowStart).Seconds()
+				tps := float64(windowTokens) / sec
+				rec := metrics.Record{Step: tr.Step, Loss: last.loss, GradNorm: last.gnorm, LR: last.lr,
+					TokensPerSec: tps, TFLOPs: flopsPerToken * tps / 1e12,
+					Tokens: int64(tr.Step) * int64(tr.accum*B*T*tr.dataRanks()), ElapsedS: tr.elapsedS()}
+				if tr.peakFLOPS > 0 {
+					rec.MFU = 100 * flopsPerToken * tps / tr.peakFLOPS
+				}
+				if err := tr.log.Log(rec); err != nil {
+					return err
+				}
+				tr.recordStep(rec)
+			}
 			tr.log.Printf("titan: interrupted after step %d; saving a checkpoint", tr.Step)
 			if err := tr.save(false, true); err != nil {
 				return err
@@ -519,7 +536,14 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 		if err := tr.mem.endStep(tr.Step); err != nil {
 			return err
 		}
+		windowTokens += tr.accum * B * T * tr.dataRanks()
+		last.loss, last.gnorm, last.lr = loss, gnorm, lr
 		if math.IsNaN(loss) || math.IsInf(loss, 0) {
+			// The run store keeps the step that diverged (the analyses
+			// that look for it need it), then the run fails.
+			tps := float64(windowTokens) / time.Since(windowStart).Seconds()
+			tr.recordStep(metrics.Record{Step: tr.Step, Loss: loss, GradNorm: gnorm, LR: lr, TokensPerSec: tps, TFLOPs: flopsPerToken * tps / 1e12,
+				Tokens: int64(tr.Step) * int64(tr.accum*B*T*tr.dataRanks()), ElapsedS: tr.elapsedS()})
 			return fmt.Errorf("step %d: loss is %v", tr.Step, loss)
 		}
 		if w := watch.Observe(tr.Step, loss); w != "" {
@@ -528,17 +552,20 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 		if tr.OnStep != nil {
 			tr.OnStep(tr.Step, loss)
 		}
-		windowTokens += tr.accum * B * T * tr.dataRanks()
 		if err := tr.log.Step(tr.Step, loss); err != nil {
 			return err
 		}
 		var val *float64
 		if tr.Val != nil && job.Validation.Freq > 0 && tr.Step%job.Validation.Freq == 0 {
+			valStart := time.Now()
 			v, err := tr.Validate(job.Validation.Steps)
 			if err != nil {
 				return err
 			}
 			val = &v
+			// Tokens/s is training's: the validation's time is left out
+			// of the window.
+			windowStart = windowStart.Add(time.Since(valStart))
 		}
 		if tr.Step%logFreq == 0 || tr.Step == 1 || tr.Step == job.Training.Steps || val != nil {
 			ps, err := tr.eng.PipelineStep()
