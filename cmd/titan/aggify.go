@@ -57,9 +57,10 @@ then the pre-loop values of its parameters and state), registered with the
 modernc.org/sqlite driver with the loop body as its Go step, and the one
 query SELECT <agg>(columns…, pre-loop values… ORDER BY …) FROM (cursor
 query) AS _q that replaces the loop (an outer loop whose body holds inner
-loops runs client-side, the inner ones as aggregates). A file with its own
-query, or a cursor query SQLite cannot run as written (casts, LATERAL, …),
-is refused with the reason.`,
+loops runs client-side, the inner ones as aggregates). A cursor query
+SQLite cannot run as written (casts, LATERAL, …) is refused with the
+reason; a file's own query (leaderboard's ranking) is not rewritten:
+titan analyze runs it with the aggregates' results in place of its calls.`,
 		Example: `  titan aggify analyses/loss_ema.sql --dialect postgres
   titan aggify loss_ema
   titan aggify best_step --dialect sqlite

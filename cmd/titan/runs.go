@@ -116,7 +116,34 @@ its process is gone from this host or no heartbeat came for ` + runstore.StaleAf
 			return runstore.Compare(cmd.Context(), cmd.OutOrStdout(), s, args, runstore.CompareOptions{JSON: asJSON})
 		},
 	}
-	cmd.AddCommand(list, show, compare)
+	flush := &cobra.Command{
+		Use:   "flush DUMP_FOLDER...",
+		Short: "Write the records a run spooled in its dump folder (its store was unreachable) to the run store",
+		Long: `A run whose store could not be reached spools its records into
+<dump_folder>/` + runstore.SpoolFile + `; the next run in that folder flushes them. flush
+writes them now, without training, and removes the spool.`,
+		Example: "  titan runs flush outputs/llama3_debug",
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, dirs []string) error {
+			target, err := runstore.Target(db, os.Getenv)
+			if err != nil {
+				return err
+			}
+			for _, dir := range dirs {
+				n, bad, err := runstore.FlushSpool(cmd.Context(), target, dir)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: %d events written to %s", dir, n, runstore.Redact(target))
+				if bad > 0 {
+					fmt.Fprintf(cmd.OutOrStdout(), " (%d unreadable lines skipped)", bad)
+				}
+				fmt.Fprintln(cmd.OutOrStdout())
+			}
+			return nil
+		},
+	}
+	cmd.AddCommand(list, show, compare, flush)
 	return cmd
 }
 

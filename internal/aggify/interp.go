@@ -752,19 +752,39 @@ func coerce(v Value, typ string) (Value, error) {
 	t = strings.TrimPrefix(t, "pg_catalog.")
 	switch t {
 	case "int", "int2", "int4", "int8", "integer", "bigint", "smallint":
+		var n int64
 		switch x := v.(type) {
 		case int64:
-			return x, nil
+			n = x
 		case int32:
-			return int64(x), nil
+			n = int64(x)
 		case float64:
-			if math.IsNaN(x) || math.IsInf(x, 0) {
+			if math.IsNaN(x) || math.IsInf(x, 0) || math.Abs(x) >= 1<<63 {
 				return nil, fmt.Errorf("%v out of range for %s", x, typ)
 			}
-			return int64(math.RoundToEven(x)), nil
+			n = int64(math.RoundToEven(x))
 		case string:
-			return strconv.ParseInt(strings.TrimSpace(x), 10, 64)
+			var err error
+			if n, err = strconv.ParseInt(strings.TrimSpace(x), 10, 64); err != nil {
+				return nil, err
+			}
+		default:
+			return nil, fmt.Errorf("cannot convert %T to %s", v, typ)
 		}
+		// PostgreSQL's integer types hold 16 and 32 bits: a value past
+		// them is an error there ("integer out of range"), not a wider
+		// number.
+		switch t {
+		case "int2", "smallint":
+			if n < math.MinInt16 || n > math.MaxInt16 {
+				return nil, fmt.Errorf("smallint out of range: %d", n)
+			}
+		case "int", "int4", "integer":
+			if n < math.MinInt32 || n > math.MaxInt32 {
+				return nil, fmt.Errorf("integer out of range: %d", n)
+			}
+		}
+		return n, nil
 	case "float8", "float4", "double precision", "real", "numeric", "decimal":
 		switch x := v.(type) {
 		case float64:

@@ -139,3 +139,27 @@ func rowValuesArgs(t *testing.T, ctx context.Context, conn *pgx.Conn, q string, 
 	}
 	return out
 }
+
+// TestCoerceIntegerRange: as in PostgreSQL, a value past a 16- or 32-bit
+// integer type is an error ("integer out of range"), not a wider number,
+// in the interpreted loop and the SQLite aggregates alike (both coerce).
+func TestCoerceIntegerRange(t *testing.T) {
+	for _, tc := range []struct {
+		v    Value
+		typ  string
+		want string // "" for no error
+	}{
+		{int64(2147483647), "int", ""},
+		{int64(2147483691), "int", "integer out of range"},
+		{int64(-2147483649), "integer", "integer out of range"},
+		{float64(3e9), "int4", "integer out of range"},
+		{int64(32768), "smallint", "smallint out of range"},
+		{int64(1 << 40), "bigint", ""},
+		{"2147483648", "int", "integer out of range"},
+	} {
+		_, err := coerce(tc.v, tc.typ)
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("coerce(%v, %s): %v, want %q", tc.v, tc.typ, err, tc.want)
+		}
+	}
+}

@@ -415,6 +415,8 @@ func TestWrongType(t *testing.T) {
 		{"set float for int", "", []string{"training.steps=2.0"}, nil, `training.steps = "2.0" in --set training.steps=2.0: want an integer`},
 		{"set empty for required int", "", []string{"training.steps="}, nil, `training.steps = "" in --set training.steps=: want an integer`},
 		{"set bad toml list", "", []string{"model.converters=[1]"}, nil, `model.converters = "[1]" in --set model.converters=[1]: want an array of strings`},
+		{"set underscore not between digits", "", []string{"training.steps=1__000"}, nil, `training.steps = "1__000" in --set training.steps=1__000: want an integer`},
+		{"set trailing underscore", "", []string{"optimizer.lr=1e-3_"}, nil, `optimizer.lr = "1e-3_" in --set optimizer.lr=1e-3_: want a number`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -426,6 +428,18 @@ func TestWrongType(t *testing.T) {
 			}
 			loadErr(t, path, tc.sets, tc.environ, ErrType, want)
 		})
+	}
+}
+
+// TestSetUnderscores: --set and TITAN_* take numbers as a recipe file
+// writes them, underscores between digits included.
+func TestSetUnderscores(t *testing.T) {
+	job, err := Load("", []string{"training.steps=1_000", "training.seq_len=4_096", "optimizer.lr=3.141_5e-4"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if job.Training.Steps != 1000 || job.Training.SeqLen != 4096 || job.Optimizer.LR != 3.1415e-4 {
+		t.Errorf("steps %d, seq_len %d, lr %g; want 1000, 4096, 3.1415e-4", job.Training.Steps, job.Training.SeqLen, job.Optimizer.LR)
 	}
 }
 

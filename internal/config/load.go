@@ -291,6 +291,23 @@ func setOverride(arg string) (override, error) {
 	return parseOverride(f, val, src)
 }
 
+// tomlDigits drops the underscores TOML allows between two digits of a
+// number (1_000, 3.141_592); a number with any other underscore is left
+// as it is, for the parser to refuse.
+func tomlDigits(t string) string {
+	if !strings.Contains(t, "_") {
+		return t
+	}
+	for i := 0; i < len(t); i++ {
+		if t[i] == '_' && (i == 0 || i == len(t)-1 || !isDigit(t[i-1]) || !isDigit(t[i+1])) {
+			return t
+		}
+	}
+	return strings.ReplaceAll(t, "_", "")
+}
+
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }
+
 // parseOverride parses a string value by the type of f.
 func parseOverride(f *field, s, src string) (override, error) {
 	o := override{f: f}
@@ -304,13 +321,13 @@ func parseOverride(f *field, s, src string) (override, error) {
 	t := strings.TrimSpace(s) // for numbers, booleans and lists
 	switch f.kind {
 	case kindInt:
-		n, err := strconv.ParseInt(t, 10, strconv.IntSize)
+		n, err := strconv.ParseInt(tomlDigits(t), 10, strconv.IntSize)
 		if err != nil {
 			return bad()
 		}
 		o.value = int(n)
 	case kindFloat:
-		x, err := strconv.ParseFloat(t, 64)
+		x, err := strconv.ParseFloat(tomlDigits(t), 64)
 		if err != nil {
 			return bad()
 		}

@@ -1278,6 +1278,7 @@ func TestAnswerWorld(t *testing.T) {
 		{"world beyond the cluster", nil, 256, "has 128 devices", false},
 		{"negative world", nil, -2, "--world -2", false},
 		{"does not fit", nil, 8, "does not fit on h100-sxm", false},
+		{"a CPU recipe on GPUs", []string{"training.device=cpu"}, 8, `training.device = "cpu", but cluster h100-sxm is of GPUs`, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			job, err := config.Load("../../recipes/llama3_8b.toml", c.sets, nil)

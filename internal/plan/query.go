@@ -58,6 +58,13 @@ func Answer(w io.Writer, job *config.Job, c cluster.Cluster, cal Calibration, q 
 	if err := q.check(c); err != nil {
 		return err
 	}
+	// The recipe's device must be the cluster's kind, or left to detect.
+	switch d := job.Training.Device; {
+	case d == "cpu" && !c.CPU():
+		return fmt.Errorf("plan: training.device = \"cpu\", but cluster %s is of GPUs: the prediction would be of a run the recipe does not ask for (set it to \"cuda\", or leave it empty)", c.Name)
+	case d == "cuda" && c.CPU():
+		return fmt.Errorf("plan: training.device = \"cuda\", but cluster %s is a CPU host (set it to \"cpu\", or leave it empty)", c.Name)
+	}
 	world, filled := q.World, false
 	if world == 0 && job.Parallelism.DataParallelShardDegree == -1 {
 		world, filled = c.World(), true

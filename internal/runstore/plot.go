@@ -8,6 +8,7 @@ import (
 	"math"
 	"sort"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/titan-go/titan/internal/metrics"
 	"github.com/titan-go/titan/internal/plot"
@@ -94,7 +95,12 @@ func plotChart(ctx context.Context, s *Store, ids []string, o PlotOptions) (plot
 				base[r.Step] = v
 			}
 		}
-		chart.Title = o.Metric + " relative to " + s.label(ctx, full)
+		// The run's description where the title has room for it (the
+		// chart does not wrap its title).
+		chart.Title = o.Metric + " relative to " + full
+		if t := o.Metric + " relative to " + s.label(ctx, full); utf8.RuneCountInString(t) <= 60 {
+			chart.Title = t
+		}
 		chart.YLabel = o.Metric + " difference (%)"
 		chart.LinearY = true
 	}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -516,4 +517,28 @@ func (s *spool) close() error {
 		return fmt.Errorf("spool %s: %w", s.path, err)
 	}
 	return nil
+}
+
+// FlushSpool writes the events spooled in dumpFolder (SpoolFile: records
+// of runs whose store could not be reached) to the store at target and
+// empties the spool. It returns the number of events written and of
+// unreadable lines skipped; a folder without a spool flushes nothing.
+func FlushSpool(ctx context.Context, target, dumpFolder string) (written, skipped int, err error) {
+	s := &spool{path: filepath.Join(dumpFolder, SpoolFile)}
+	evs, bad, err := s.read()
+	if err != nil || len(evs) == 0 {
+		return 0, bad, err
+	}
+	st, err := Open(ctx, target)
+	if err != nil {
+		return 0, bad, err
+	}
+	defer st.Close()
+	if err := st.apply(ctx, evs); err != nil {
+		return 0, bad, fmt.Errorf("runstore: %s: %w", s.path, err)
+	}
+	if err := os.Remove(s.path); err != nil {
+		return len(evs), bad, fmt.Errorf("runstore: %s is in the store but could not be removed (flushing it again is harmless): %w", s.path, err)
+	}
+	return len(evs), bad, nil
 }

@@ -2,6 +2,7 @@ package runstore
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -307,4 +308,36 @@ func BenchmarkRecorderStep(b *testing.B) {
 		b.Fatalf("%d steps: %+v", b.N, res)
 	}
 	b.ReportMetric(float64(res.Dropped)/float64(b.N), "dropped/op")
+}
+
+// TestFlushSpool: a run spooled while its store was unreachable is
+// written by FlushSpool without another run, once (flushing again finds
+// nothing), and the spool is removed.
+func TestFlushSpool(t *testing.T) {
+	dir := t.TempDir()
+	blocker := filepath.Join(dir, "blocker")
+	if err := os.WriteFile(blocker, []byte("not a folder"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(blocker, "runs.db")
+	spool := filepath.Join(dir, SpoolFile)
+	rec := Start(testRun("run1", time.Now()), fastOptions(target, spool))
+	for _, s := range testSteps(5) {
+		rec.Step(s)
+	}
+	if res, err := rec.Close(Finished, "", 5*time.Second); err == nil || res.Spooled == 0 {
+		t.Fatalf("Close with the store down: %+v, %v; want events spooled", res, err)
+	}
+	os.Remove(blocker)
+	n, bad, err := FlushSpool(context.Background(), target, dir)
+	if err != nil || n != 7 || bad != 0 {
+		t.Fatalf("FlushSpool: %d events, %d bad, %v; want the run's 7 (start, 5 steps, end)", n, bad, err)
+	}
+	checkRecorded(t, target, "run1", Finished, 5)
+	if _, err := os.Stat(spool); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("spool left behind: %v", err)
+	}
+	if n, _, err := FlushSpool(context.Background(), target, dir); err != nil || n != 0 {
+		t.Errorf("flushing again: %d events, %v; want none", n, err)
+	}
 }
