@@ -23,6 +23,19 @@ func fastOptions(target, spool string) Options {
 		RetryMin: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond, OpTimeout: 5 * time.Second}
 }
 
+// unreachableStore is a SQLite target under a file (blocker) where a
+// folder should be, so that the store cannot be opened until blocker is
+// removed, and the spool in the run's folder dir.
+func unreachableStore(t *testing.T) (dir, blocker, target, spool string) {
+	t.Helper()
+	dir = t.TempDir()
+	blocker = filepath.Join(dir, "blocker")
+	if err := os.WriteFile(blocker, []byte("not a folder"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir, blocker, filepath.Join(blocker, "runs.db"), filepath.Join(dir, SpoolFile)
+}
+
 // waitFor polls cond for up to 20 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -83,13 +96,7 @@ func stepNumbers(rs []metrics.Record) []int {
 func TestRecorderSpoolsAndFlushes(t *testing.T) {
 	for _, mode := range []string{"retry during the run", "next run"} {
 		t.Run(mode, func(t *testing.T) {
-			dir := t.TempDir()
-			blocker := filepath.Join(dir, "blocker")
-			if err := os.WriteFile(blocker, []byte("not a folder"), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			target := filepath.Join(blocker, "runs.db")
-			spool := filepath.Join(dir, SpoolFile)
+			dir, blocker, target, spool := unreachableStore(t)
 			opt := fastOptions(target, spool)
 			steps := testSteps(20)
 
@@ -314,13 +321,7 @@ func BenchmarkRecorderStep(b *testing.B) {
 // written by FlushSpool without another run, once (flushing again finds
 // nothing), and the spool is removed.
 func TestFlushSpool(t *testing.T) {
-	dir := t.TempDir()
-	blocker := filepath.Join(dir, "blocker")
-	if err := os.WriteFile(blocker, []byte("not a folder"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	target := filepath.Join(blocker, "runs.db")
-	spool := filepath.Join(dir, SpoolFile)
+	dir, blocker, target, spool := unreachableStore(t)
 	rec := Start(testRun("run1", time.Now()), fastOptions(target, spool))
 	for _, s := range testSteps(5) {
 		rec.Step(s)
