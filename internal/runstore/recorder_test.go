@@ -96,7 +96,7 @@ func stepNumbers(rs []metrics.Record) []int {
 func TestRecorderSpoolsAndFlushes(t *testing.T) {
 	for _, mode := range []string{"retry during the run", "next run"} {
 		t.Run(mode, func(t *testing.T) {
-			dir, blocker, target, spool := unreachableStore(t)
+			_, blocker, target, spool := unreachableStore(t)
 			opt := fastOptions(target, spool)
 			steps := testSteps(20)
 
