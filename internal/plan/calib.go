@@ -60,6 +60,12 @@ type Calibration struct {
 	// the kernels' rates alone predicted (measureInStep); the compute
 	// efficiencies above are already divided by it (0: not measured).
 	InStep float64 `json:"in_step_factor,omitempty"`
+	// Shared, on a CPU host, is how much faster each of n ranks that
+	// share the host computes than 1/n of one process on all its cores
+	// (measureShared: n step probes side by side, each on its share of
+	// the threads; a one-thread rank pays no thread barriers). Without a
+	// figure for n, 1.
+	Shared []SharedRate `json:"shared,omitempty"`
 	// HostPeak, on a CPU host, is the float32 GEMM peak titan train
 	// measures MFU against (cpu.HostPeakFLOPS); the efficiencies above
 	// are fractions of it, and OnHost puts it in place of the cluster
@@ -103,6 +109,24 @@ func (c Calibration) ring(cp int, bf16 bool) (float64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// SharedRate is the compute speedup of each of NProc ranks sharing a
+// host (Calibration.Shared).
+type SharedRate struct {
+	NProc   int     `json:"nproc"`
+	Speedup float64 `json:"speedup"`
+}
+
+// sharedSpeedup is Calibration.Shared's figure for n ranks, 1 when it
+// has none.
+func (c Calibration) sharedSpeedup(n int) float64 {
+	for _, r := range c.Shared {
+		if r.NProc == n {
+			return r.Speedup
+		}
+	}
+	return 1
 }
 
 // Collective is a fit of one measured collective, t = Latency + size /
@@ -152,6 +176,11 @@ func (c Calibration) Validate() error {
 	for _, r := range c.RingAttention {
 		if r.CP < 2 || !(r.Efficiency > 0) || !(r.EfficiencyBF16 > 0) {
 			return fmt.Errorf("plan: calibration ring_attention at cp %d: efficiency %g, efficiency_bf16 %g must be > 0", r.CP, r.Efficiency, r.EfficiencyBF16)
+		}
+	}
+	for _, r := range c.Shared {
+		if r.NProc < 2 || !(r.Speedup > 0.25 && r.Speedup < 4) {
+			return fmt.Errorf("plan: calibration shared at %d processes: speedup %g must be in (0.25, 4)", r.NProc, r.Speedup)
 		}
 	}
 	for _, k := range c.Collectives {

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/titan-go/titan/internal/backend"
@@ -132,6 +133,23 @@ func CalibrateCPU(ctx context.Context, c cluster.Cluster, o CalibrateOptions) (C
 	}
 	cal.InStep = inStep
 	logf("in a training step (%s, %d × %d, 1 process, %d steps, median of %d runs): %.0f tokens/s against %.0f from the kernels alone: compute efficiencies divided by %.3f", o.Flavor, o.Batch, o.SeqLen, stepProbeSteps, stepProbeRuns, measured, predicted, inStep)
+	for _, n := range o.NProcs {
+		if n > k.threads {
+			// More ranks than cores take turns on them, and a rank that
+			// waits on a collective waits for a peer the host has
+			// descheduled: side-by-side probes, which never wait on each
+			// other, would credit those ranks with a speed they do not
+			// get (4 processes on 2 cores: 13 % lost to waiting between
+			// 6 ms computations, bench/plan/README.md). Not measured: 1.
+			continue
+		}
+		sp, threads, err := measureShared(ctx, o, k.threads, n)
+		if err != nil {
+			return cal, err
+		}
+		cal.Shared = append(cal.Shared, SharedRate{NProc: n, Speedup: sp})
+		logf("%d step probes side by side (%d threads each), between one-process probes: each rank computes at %.3f× 1/%d of one process on the whole host", n, threads, sp, n)
+	}
 	return cal, cal.Validate()
 }
 
@@ -183,27 +201,104 @@ func measureInStep(ctx context.Context, o CalibrateOptions, c cluster.Cluster, c
 		if err != nil {
 			return 0, 0, 0, err
 		}
-		var windows []float64
-		for _, line := range bytes.Split(data, []byte("\n")) {
-			var rec struct {
-				Step int     `json:"step"`
-				TPS  float64 `json:"tokens_per_sec"`
-			}
-			if json.Unmarshal(line, &rec) == nil && rec.Step > 4 && rec.TPS > 0 {
-				windows = append(windows, rec.TPS)
-			}
-		}
-		if len(windows) == 0 {
-			return 0, 0, 0, fmt.Errorf("plan: calibrate: the step probe logged no tokens/s after step 4")
-		}
-		for _, w := range windows {
-			runs[i] += w / float64(len(windows))
+		if runs[i], err = probeTPS(data, 0); err != nil {
+			return 0, 0, 0, err
 		}
 	}
 	slices.Sort(runs)
 	measured = runs[len(runs)/2]
 	predicted = pred.TokensPerDevice
 	return predicted / measured, predicted, measured, nil
+}
+
+// measureShared runs n step probes side by side, each on its share of
+// the host's threads (at least one), as n ranks of a job share the host,
+// and returns their tokens/s together over one process's on all the
+// threads (Calibration.Shared's speedup), and the threads each had. The
+// probes train independently: what it measures is compute (a one-thread
+// rank pays no thread barriers), not the collectives, calibrated apart.
+func measureShared(ctx context.Context, o CalibrateOptions, hostThreads, n int) (float64, int, error) {
+	threads := max(1, hostThreads/n)
+	// The host's speed drifts by tens of percent over minutes: the n
+	// probes run between two one-process probes of the same length, and
+	// are compared with their mean.
+	one := func() (float64, error) {
+		data, err := trainProbe(ctx, o.Exe, append(stepProbe(o), "training.steps="+strconv.Itoa(sharedProbeSteps)))
+		if err != nil {
+			return 0, err
+		}
+		return probeTPS(data, sharedProbeSteps-4)
+	}
+	before, err := one()
+	if err != nil {
+		return 0, 0, err
+	}
+	together, err := sideBySide(ctx, o, threads, n)
+	if err != nil {
+		return 0, 0, err
+	}
+	after, err := one()
+	if err != nil {
+		return 0, 0, err
+	}
+	return together / ((before + after) / 2), threads, nil
+}
+
+// sideBySide runs n step probes at once, each on threads threads, and
+// returns their tokens/s together. Only the windows when all n surely
+// run count: after the first (start-up; the probes start a little apart)
+// and before the last (the first to finish leaves the others the host).
+func sideBySide(ctx context.Context, o CalibrateOptions, threads, n int) (float64, error) {
+	probe := append(stepProbe(o), "training.threads="+strconv.Itoa(threads), "training.steps="+strconv.Itoa(sharedProbeSteps))
+	tps := make([]float64, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			data, err := trainProbe(ctx, o.Exe, probe)
+			if err == nil {
+				tps[i], err = probeTPS(data, sharedProbeSteps-4)
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	total := 0.0
+	for i := range n {
+		if errs[i] != nil {
+			return 0, fmt.Errorf("plan: calibrate: %d step probes side by side: %w", n, errs[i])
+		}
+		total += tps[i]
+	}
+	return total, nil
+}
+
+// sharedProbeSteps is measureShared's probe length.
+const sharedProbeSteps = 24
+
+// probeTPS is a step probe's mean tokens/s over its logged windows after
+// the first (which holds start-up), up to step last (0: all).
+func probeTPS(data []byte, last int) (float64, error) {
+	var windows []float64
+	for _, line := range bytes.Split(data, []byte("\n")) {
+		var rec struct {
+			Step int     `json:"step"`
+			TPS  float64 `json:"tokens_per_sec"`
+		}
+		if json.Unmarshal(line, &rec) == nil && rec.Step > 4 && (last == 0 || rec.Step <= last) && rec.TPS > 0 {
+			windows = append(windows, rec.TPS)
+		}
+	}
+	if len(windows) == 0 {
+		return 0, fmt.Errorf("plan: calibrate: the step probe logged no tokens/s after step 4")
+	}
+	sum := 0.0
+	for _, w := range windows {
+		sum += w
+	}
+	return sum / float64(len(windows)), nil
 }
 
 // stepProbeRuns is how many times measureInStep runs the step probe (the

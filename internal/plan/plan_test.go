@@ -286,6 +286,31 @@ func TestDataParallelScaling(t *testing.T) {
 	if tp2.Step.TP <= 0 {
 		t.Error("tp2 has no tensor-parallel communication")
 	}
+	// With the calibration's side-by-side speedup for two ranks, each
+	// computes that much faster than half the host; ring attention,
+	// measured on a rank's own threads, keeps its rate.
+	sped := cal
+	sped.Shared = []SharedRate{{NProc: 2, Speedup: 1.2}}
+	sped.RingAttention = []RingRate{{CP: 2, Efficiency: cal.Attention, EfficiencyBF16: cal.Attention}}
+	f2s, err := Predict(debugJob(t, deg(1, 1, 2, 1, 1), ""), c, sped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := f2.Step.Matmul / f2s.Step.Matmul; math.Abs(r-1.2) > 1e-9 {
+		t.Errorf("fsdp2 matmul without / with a 1.2 speedup = %g, want 1.2", r)
+	}
+	cp2 := func(cal Calibration) Breakdown {
+		p, err := Predict(debugJob(t, deg(1, 1, 1, 2, 1), ""), c, cal)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Step
+	}
+	plain := cal
+	plain.RingAttention = sped.RingAttention
+	if a, b := cp2(plain), cp2(sped); a.Attention != b.Attention || math.Abs(a.Matmul/b.Matmul-1.2) > 1e-9 {
+		t.Errorf("cp2: ring attention %g s and %g s (want equal), matmul ratio %g (want 1.2)", a.Attention, b.Attention, a.Matmul/b.Matmul)
+	}
 }
 
 // TestCalibrationRoundTrip checks Save and LoadCalibration, and that a
@@ -293,6 +318,7 @@ func TestDataParallelScaling(t *testing.T) {
 func TestCalibrationRoundTrip(t *testing.T) {
 	path := t.TempDir() + "/cal.json"
 	cal := cpuCal()
+	cal.Shared = []SharedRate{{NProc: 2, Speedup: 1.2}}
 	if err := cal.Save(path); err != nil {
 		t.Fatal(err)
 	}
@@ -300,13 +326,18 @@ func TestCalibrationRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Matmul != cal.Matmul || len(got.Collectives) != len(cal.Collectives) {
+	if got.Matmul != cal.Matmul || len(got.Collectives) != len(cal.Collectives) || got.sharedSpeedup(2) != 1.2 || got.sharedSpeedup(4) != 1 {
 		t.Errorf("round trip: %+v", got)
 	}
 	bad := cal
 	bad.Elementwise = 0
 	if err := bad.Save(path); err == nil || !strings.Contains(err.Error(), "elementwise_efficiency") {
 		t.Errorf("zero elementwise efficiency saved: %v", err)
+	}
+	bad = cal
+	bad.Shared = []SharedRate{{NProc: 2, Speedup: math.NaN()}}
+	if err := bad.Save(path); err == nil || !strings.Contains(err.Error(), "shared at 2 processes") {
+		t.Errorf("a NaN shared speedup saved: %v", err)
 	}
 }
 

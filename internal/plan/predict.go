@@ -229,20 +229,25 @@ func ratesOf(c cluster.Cluster, cal Calibration, rt Runtime, cp int) rates {
 	if c.CPU() {
 		peak = c.Device.PeakFP32
 	}
+	// Ranks sharing a host each get 1/share of it, at the speedup
+	// measured for that many side by side (Calibration.Shared); ring
+	// attention's rate was measured on a rank's own threads already.
 	share := float64(max(rt.Shared, 1))
+	each := cal.sharedSpeedup(max(rt.Shared, 1)) / share
 	bf16 := rt.Precision.ParamBF16 && cal.MatmulBF16 > 0 && cal.AttentionBF16 > 0
 	mm, attn := cal.Matmul, cal.Attention
 	if bf16 {
 		mm, attn = cal.MatmulBF16, cal.AttentionBF16
 	}
+	attnShare := each
 	if e, ok := cal.ring(cp, bf16); ok && cp > 1 && !rt.TorchRing {
-		attn = e
+		attn, attnShare = e, 1/share
 	}
 	return rates{
-		mm:   mm * peak / share,
-		fp8:  cal.MatmulFP8 * c.Device.PeakFP8 / share,
-		attn: attn * peak / share,
-		ew:   cal.Elementwise * c.Device.MemoryBandwidth / share,
+		mm:   mm * peak * each,
+		fp8:  cal.MatmulFP8 * c.Device.PeakFP8 * each,
+		attn: attn * peak * attnShare,
+		ew:   cal.Elementwise * c.Device.MemoryBandwidth * each,
 	}
 }
 

@@ -128,8 +128,11 @@ func WriteTable(w io.Writer, p Prediction, cal Calibration) {
 	l := p.Job.Layout
 	fmt.Fprintf(w, "llama3 %s on %d × %s (%s)\n", p.Job.Flavor, l.World(), p.Cluster.Device.Model, p.Cluster.Name)
 	fmt.Fprintf(w, "layout: %s, seq %d\n", l, l.SeqLen)
-	fmt.Fprintf(w, "calibration: %s\n\n", cal.Source)
-	fmt.Fprintf(w, "memory per rank (busiest)\n")
+	fmt.Fprintf(w, "calibration: %s\n", cal.Source)
+	if n := RuntimeOf(p.Cluster, l).Shared; n > 1 {
+		fmt.Fprintf(w, "  %d ranks share the host: each computes at %.3f× 1/%d of it (measured side by side; 1 if not calibrated)\n", n, cal.sharedSpeedup(n), n)
+	}
+	fmt.Fprintf(w, "\nmemory per rank (busiest)\n")
 	m := p.Memory
 	for _, x := range []struct {
 		n string

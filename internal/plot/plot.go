@@ -478,7 +478,9 @@ func tickLabel(v float64, base2 bool) string {
 	}
 	k := int(math.Round(math.Log10(v)))
 	if k >= -3 && k <= 4 {
-		return strconv.FormatFloat(v, 'f', -1, 64)
+		// Ticks are computed in floating point (3 × 0.1 is
+		// 0.30000000000000004): six significant figures.
+		return strconv.FormatFloat(v, 'g', 6, 64)
 	}
 	return "1E" + strconv.Itoa(k)
 }

@@ -21,6 +21,7 @@ import (
 // row is one line of results.jsonl (the fields this plot reads).
 type row struct {
 	Run          string  `json:"run"`
+	Round        int     `json:"round"`
 	Layout       string  `json:"layout"`
 	MeasuredTPS  float64 `json:"measured_tps_per_proc"`
 	MeasuredMem  float64 `json:"measured_mem_gib"`
@@ -84,7 +85,38 @@ func draw(results, run, out string) error {
 		tps.Points = append(tps.Points, plan.ErrorPoint{Name: l, Reference: median(rs, func(r row) float64 { return r.MeasuredTPS }), Predicted: rs[len(rs)-1].PredictedTPS})
 		mem.Points = append(mem.Points, plan.ErrorPoint{Name: l, Reference: 1024 * median(rs, func(r row) float64 { return r.MeasuredMem }), Predicted: 1024 * rs[len(rs)-1].PredictedMem})
 	}
-	if err := atomicfile.Write(out, func(w io.Writer) error { return plan.WriteErrorPlot(w, []plan.ErrorPanel{tps, mem}) }); err != nil {
+	panels := []plan.ErrorPanel{tps, mem}
+	// The host's speed drifts between the calibration and the runs; each
+	// layout's tokens/s as a share of the one-process job's (medians)
+	// takes the drift out.
+	// As measure.sh's "vs one" column: each measured ratio taken within a
+	// round, the median error over the rounds.
+	if one, ok := by["one"]; ok {
+		vs := plan.ErrorPanel{Title: "tokens/s per process over the same round's one-process job's (host drift removed)", Unit: "share of the one-process tokens/s", Against: "measured"}
+		oneOf := map[int]row{}
+		for _, r := range one {
+			oneOf[r.Round] = r
+		}
+		for _, l := range order {
+			if l == "one" {
+				continue
+			}
+			var rel []row
+			for _, r := range by[l] {
+				if o, ok := oneOf[r.Round]; ok {
+					// PredictedTPS carries the error of this round's ratio.
+					rel = append(rel, row{MeasuredTPS: (r.PredictedTPS / o.PredictedTPS) / (r.MeasuredTPS / o.MeasuredTPS)})
+				}
+			}
+			if len(rel) == 0 {
+				continue
+			}
+			p := by[l][len(by[l])-1].PredictedTPS / one[len(one)-1].PredictedTPS
+			vs.Points = append(vs.Points, plan.ErrorPoint{Name: l, Reference: p / median(rel, func(r row) float64 { return r.MeasuredTPS }), Predicted: p})
+		}
+		panels = []plan.ErrorPanel{tps, vs, mem}
+	}
+	if err := atomicfile.Write(out, func(w io.Writer) error { return plan.WriteErrorPlot(w, panels) }); err != nil {
 		return err
 	}
 	fmt.Printf("wrote %s (run %s, %d layouts)\n", out, run, len(order))
