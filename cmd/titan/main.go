@@ -13,10 +13,14 @@ import (
 // SIGINT ended, so that scripts tell it from a failure.
 var errInterrupted = errors.New("interrupted; resume with the same command")
 
+// errInterruptedUnsaved is an interrupted run that had nothing to save
+// (checkpointing off); it exits 130 too.
+var errInterruptedUnsaved = errors.New("interrupted")
+
 func main() {
 	if err := newRootCmd().Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "titan:", err)
-		if errors.Is(err, errInterrupted) {
+		if errors.Is(err, errInterrupted) || errors.Is(err, errInterruptedUnsaved) {
 			os.Exit(130)
 		}
 		os.Exit(1)

@@ -517,6 +517,11 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 				}
 				tr.recordStep(rec)
 			}
+			if !job.Checkpoint.Enable {
+				// As at the last step: checkpoint.enable off saves nothing.
+				tr.log.Printf("titan: interrupted after step %d; checkpoint.enable is off, so no checkpoint is saved", tr.Step)
+				return context.Canceled
+			}
 			tr.log.Printf("titan: interrupted after step %d; saving a checkpoint", tr.Step)
 			if err := tr.save(false, true); err != nil {
 				return err

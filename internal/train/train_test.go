@@ -73,6 +73,19 @@ func TestInterruptAndResume(t *testing.T) {
 	}
 }
 
+// TestInterruptWithoutCheckpointingSavesNothing: with checkpoint.enable
+// off, Ctrl-C stops the run without writing a checkpoint, as the last
+// step writes none.
+func TestInterruptWithoutCheckpointingSavesNothing(t *testing.T) {
+	dump := t.TempDir()
+	job := testJob(t, dump, 8)
+	job.Checkpoint.Enable = false
+	lossesOf(t, job, 3)
+	if steps, _ := filepath.Glob(filepath.Join(dump, job.Checkpoint.Folder, "step-*")); len(steps) != 0 {
+		t.Errorf("checkpoint.enable off, interrupted: saved %v", steps)
+	}
+}
+
 // TestResumeWithOtherDataIsRefused: a checkpoint saved with validation
 // holding part of the training data out, resumed with validation off,
 // reads other training data: the run stops, calling the checkpoint
