@@ -130,7 +130,11 @@ func WriteTable(w io.Writer, p Prediction, cal Calibration) {
 	fmt.Fprintf(w, "layout: %s, seq %d\n", l, l.SeqLen)
 	fmt.Fprintf(w, "calibration: %s\n", cal.Source)
 	if n := RuntimeOf(p.Cluster, l).Shared; n > 1 {
-		fmt.Fprintf(w, "  %d ranks share the host: each computes at %.3f× 1/%d of it (measured side by side; 1 if not calibrated)\n", n, cal.sharedSpeedup(n), n)
+		how := "measured side by side"
+		if !slices.ContainsFunc(cal.Shared, func(r SharedRate) bool { return r.NProc == n }) {
+			how = "not measured: more ranks than cores get no speedup, and calibrations before 2026-12-07 have none"
+		}
+		fmt.Fprintf(w, "  %d ranks share the host: each computes at %.3f× 1/%d of it (%s)\n", n, cal.sharedSpeedup(n), n, how)
 	}
 	fmt.Fprintf(w, "\nmemory per rank (busiest)\n")
 	m := p.Memory
