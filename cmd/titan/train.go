@@ -136,7 +136,7 @@ for 3 steps in a row.`,
 				return tr.Run(ctx)
 			})
 			if errors.Is(err, context.Canceled) || errors.Is(err, launch.ErrInterrupted) {
-				if !job.Checkpoint.Enable || job.Checkpoint.LoadOnly {
+				if !train.SavesCheckpoints(job) {
 					return fmt.Errorf("%w (checkpoint.enable is off, so nothing was saved: the same command starts again from step 1)", errInterruptedUnsaved)
 				}
 				return errInterrupted

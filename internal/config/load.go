@@ -291,22 +291,15 @@ func setOverride(arg string) (override, error) {
 	return parseOverride(f, val, src)
 }
 
-// tomlDigits drops the underscores TOML allows between two digits of a
-// number (1_000, 3.141_592); a number with any other underscore is left
-// as it is, for the parser to refuse.
-func tomlDigits(t string) string {
-	if !strings.Contains(t, "_") {
-		return t
+// tomlValue parses t as a recipe file's TOML value of f's kind (numbers
+// with underscores, lists).
+func tomlValue(f *field, t string) (any, bool) {
+	var m map[string]any
+	if err := toml.Unmarshal([]byte("v = "+t), &m); err != nil {
+		return nil, false
 	}
-	for i := 0; i < len(t); i++ {
-		if t[i] == '_' && (i == 0 || i == len(t)-1 || !isDigit(t[i-1]) || !isDigit(t[i+1])) {
-			return t
-		}
-	}
-	return strings.ReplaceAll(t, "_", "")
+	return checkValue(f, m["v"])
 }
-
-func isDigit(c byte) bool { return '0' <= c && c <= '9' }
 
 // parseOverride parses a string value by the type of f.
 func parseOverride(f *field, s, src string) (override, error) {
@@ -321,15 +314,23 @@ func parseOverride(f *field, s, src string) (override, error) {
 	t := strings.TrimSpace(s) // for numbers, booleans and lists
 	switch f.kind {
 	case kindInt:
-		n, err := strconv.ParseInt(tomlDigits(t), 10, strconv.IntSize)
+		n, err := strconv.ParseInt(t, 10, strconv.IntSize)
 		if err != nil {
-			return bad()
+			v, ok := tomlValue(f, t) // as a recipe file writes it: 4_096
+			if !ok {
+				return bad()
+			}
+			n = int64(v.(int))
 		}
 		o.value = int(n)
 	case kindFloat:
-		x, err := strconv.ParseFloat(tomlDigits(t), 64)
+		x, err := strconv.ParseFloat(t, 64)
 		if err != nil {
-			return bad()
+			v, ok := tomlValue(f, t)
+			if !ok {
+				return bad()
+			}
+			x = v.(float64)
 		}
 		o.value = x
 	case kindBool:
@@ -345,11 +346,7 @@ func parseOverride(f *field, s, src string) (override, error) {
 		case t == "":
 			o.value = []string{}
 		case strings.HasPrefix(t, "["):
-			var m map[string]any
-			if err := toml.Unmarshal([]byte("v = "+t), &m); err != nil {
-				return bad()
-			}
-			v, ok := checkValue(f, m["v"])
+			v, ok := tomlValue(f, t)
 			if !ok {
 				return bad()
 			}

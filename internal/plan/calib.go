@@ -118,15 +118,15 @@ type SharedRate struct {
 	Speedup float64 `json:"speedup"`
 }
 
-// sharedSpeedup is Calibration.Shared's figure for n ranks, 1 when it
-// has none.
-func (c Calibration) sharedSpeedup(n int) float64 {
+// sharedSpeedup is Calibration.Shared's figure for n ranks, and whether
+// it has one (1 when not).
+func (c Calibration) sharedSpeedup(n int) (float64, bool) {
 	for _, r := range c.Shared {
 		if r.NProc == n {
-			return r.Speedup
+			return r.Speedup, true
 		}
 	}
-	return 1
+	return 1, false
 }
 
 // Collective is a fit of one measured collective, t = Latency + size /

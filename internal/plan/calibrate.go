@@ -222,13 +222,7 @@ func measureShared(ctx context.Context, o CalibrateOptions, hostThreads, n int) 
 	// The host's speed drifts by tens of percent over minutes: the n
 	// probes run between two one-process probes of the same length, and
 	// are compared with their mean.
-	one := func() (float64, error) {
-		data, err := trainProbe(ctx, o.Exe, append(stepProbe(o), "training.steps="+strconv.Itoa(sharedProbeSteps)))
-		if err != nil {
-			return 0, err
-		}
-		return probeTPS(data, sharedProbeSteps-4)
-	}
+	one := func() (float64, error) { return sideBySide(ctx, o, hostThreads, 1) }
 	before, err := one()
 	if err != nil {
 		return 0, 0, err

@@ -233,7 +233,8 @@ func ratesOf(c cluster.Cluster, cal Calibration, rt Runtime, cp int) rates {
 	// measured for that many side by side (Calibration.Shared); ring
 	// attention's rate was measured on a rank's own threads already.
 	share := float64(max(rt.Shared, 1))
-	each := cal.sharedSpeedup(max(rt.Shared, 1)) / share
+	speedup, _ := cal.sharedSpeedup(max(rt.Shared, 1))
+	each := speedup / share
 	bf16 := rt.Precision.ParamBF16 && cal.MatmulBF16 > 0 && cal.AttentionBF16 > 0
 	mm, attn := cal.Matmul, cal.Attention
 	if bf16 {
@@ -335,7 +336,7 @@ func predict(job Job, c cluster.Cluster, cal Calibration, onlyFitting bool) (Pre
 	if c.CPU() && !(l.ParamBF16 && peak > 0) {
 		peak = c.Device.PeakFP32
 	}
-	peak /= float64(max(1, RuntimeOf(c, l).Shared))
+	peak /= float64(max(1, rt.Shared))
 	pred.MFU = job.Model.FLOPsPerToken(l.SeqLen) * pred.TokensPerDevice / peak
 	return pred, nil
 }

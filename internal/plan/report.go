@@ -129,12 +129,13 @@ func WriteTable(w io.Writer, p Prediction, cal Calibration) {
 	fmt.Fprintf(w, "llama3 %s on %d × %s (%s)\n", p.Job.Flavor, l.World(), p.Cluster.Device.Model, p.Cluster.Name)
 	fmt.Fprintf(w, "layout: %s, seq %d\n", l, l.SeqLen)
 	fmt.Fprintf(w, "calibration: %s\n", cal.Source)
-	if n := RuntimeOf(p.Cluster, l).Shared; n > 1 {
+	if n := p.Runtime.Shared; n > 1 {
+		speedup, measured := cal.sharedSpeedup(n)
 		how := "measured side by side"
-		if !slices.ContainsFunc(cal.Shared, func(r SharedRate) bool { return r.NProc == n }) {
+		if !measured {
 			how = "not measured: more ranks than cores get no speedup, and calibrations before 2026-12-07 have none"
 		}
-		fmt.Fprintf(w, "  %d ranks share the host: each computes at %.3f× 1/%d of it (%s)\n", n, cal.sharedSpeedup(n), n, how)
+		fmt.Fprintf(w, "  %d ranks share the host: each computes at %.3f× 1/%d of it (%s)\n", n, speedup, n, how)
 	}
 	fmt.Fprintf(w, "\nmemory per rank (busiest)\n")
 	m := p.Memory

@@ -84,7 +84,7 @@ func (tr *Trainer) endRecording(runErr error) {
 	}
 	if runstore.StatusOf(runErr) == runstore.Interrupted {
 		errText = fmt.Sprintf("stopped after step %d (Ctrl-C or SIGTERM), its checkpoint saved; resume with the same command", tr.Step)
-		if !tr.Job.Checkpoint.Enable || tr.Job.Checkpoint.LoadOnly {
+		if !SavesCheckpoints(tr.Job) {
 			errText = fmt.Sprintf("stopped after step %d (Ctrl-C or SIGTERM); checkpoint.enable is off, so nothing was saved to resume from", tr.Step)
 		}
 	}

@@ -220,6 +220,34 @@ func (tr *Trainer) snapshot(modelOnly bool) (func() error, error) {
 		bufs = append(bufs, tr.Opt.M, tr.Opt.V)
 		prefixes = append(prefixes, "optimizer/exp_avg/", "optimizer/exp_avg_sq/")
 	}
+	// Rank 0's small state first: an error there leaves no host copy
+	// to release.
+	var blobs map[string][]byte
+	if tr.dist.Rank == 0 {
+		desc, err := modelfile.Describe(tr.fam, tr.Job.Model.Flavor)
+		if err != nil {
+			return nil, err
+		}
+		if blobs, err = modelfile.Blobs(desc, tr.Job.Model.TokenizerPath); err != nil {
+			return nil, err
+		}
+		if !modelOnly {
+			ts, _ := json.Marshal(trainState{Step: tr.Step, OptStep: tr.Opt.Step, Seed: tr.seed, Flavor: tr.Job.Model.Flavor, ElapsedS: tr.elapsedS()})
+			blobs[checkpoint.TrainStateBlob] = ts
+			ds, err := tr.Data.State()
+			if err != nil {
+				return nil, fmt.Errorf("checkpoint: data loader state: %w", err)
+			}
+			blobs["dataloader.json"] = ds
+			if tr.Val != nil {
+				vs, err := tr.Val.State()
+				if err != nil {
+					return nil, fmt.Errorf("checkpoint: validation loader state: %w", err)
+				}
+				blobs["val_dataloader.json"] = vs
+			}
+		}
+	}
 	var shards []checkpoint.Shard
 	var frees []func()
 	release := func() {
@@ -243,36 +271,6 @@ func (tr *Trainer) snapshot(modelOnly bool) (func() error, error) {
 		}
 		tr.be.Download(h, b)
 		shards = append(shards, tr.eng.Shards(h, prefixes[i])...)
-	}
-	var blobs map[string][]byte
-	if tr.dist.Rank == 0 {
-		desc, err := modelfile.Describe(tr.fam, tr.Job.Model.Flavor)
-		if err != nil {
-			release()
-			return nil, err
-		}
-		if blobs, err = modelfile.Blobs(desc, tr.Job.Model.TokenizerPath); err != nil {
-			release()
-			return nil, err
-		}
-		if !modelOnly {
-			ts, _ := json.Marshal(trainState{Step: tr.Step, OptStep: tr.Opt.Step, Seed: tr.seed, Flavor: tr.Job.Model.Flavor, ElapsedS: tr.elapsedS()})
-			blobs[checkpoint.TrainStateBlob] = ts
-			ds, err := tr.Data.State()
-			if err != nil {
-				release()
-				return nil, fmt.Errorf("checkpoint: data loader state: %w", err)
-			}
-			blobs["dataloader.json"] = ds
-			if tr.Val != nil {
-				vs, err := tr.Val.State()
-				if err != nil {
-					release()
-					return nil, fmt.Errorf("checkpoint: validation loader state: %w", err)
-				}
-				blobs["val_dataloader.json"] = vs
-			}
-		}
 	}
 	folder, step, session, rank, world := tr.ckptFolder, tr.Step, tr.ck.session, tr.dist.Rank, tr.dist.World
 	m := tr.mesh

@@ -239,6 +239,12 @@ func pipelineSettings(job *config.Job, fam model.Family) parallel.PipelineSettin
 	}
 }
 
+// SavesCheckpoints reports whether job writes checkpoints: at its
+// intervals, its last step and an interruption.
+func SavesCheckpoints(job *config.Job) bool {
+	return job.Checkpoint.Enable && !job.Checkpoint.LoadOnly
+}
+
 // CheckLayout refuses what titan train would refuse of job's
 // [parallelism] layout before it starts any process: the pipeline's
 // stages, the mesh and the model's tensor and context parallel checks,
@@ -481,14 +487,25 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 	defer func() { tr.endRecording(err) }()
 	flopsPerToken := tr.fam.FLOPsPerToken(T)
 	logFreq := max(1, job.Metrics.LogFreq)
-	start := time.Now()
-	tr.loopStart = start
+	tr.loopStart = time.Now()
 	// Tokens/s is measured over the steps since the last log line; the
 	// loss, gradient norm and learning rate logged are the step's own, as
 	// torchtitan logs them (and as loss_steps.jsonl, titan top and the
 	// Prometheus gauges show them), so runs logged at other frequencies
 	// compare step for step.
 	windowStart, windowTokens := time.Now(), 0
+	// windowRecord is a step's record with the window's throughput
+	// (the caller adds memory and validation where it logs them).
+	windowRecord := func(loss, gnorm, lr float64) metrics.Record {
+		tps := float64(windowTokens) / time.Since(windowStart).Seconds()
+		rec := metrics.Record{Step: tr.Step, Loss: loss, GradNorm: gnorm, LR: lr,
+			TokensPerSec: tps, TFLOPs: flopsPerToken * tps / 1e12,
+			Tokens: int64(tr.Step) * int64(tr.accum*B*T*tr.dataRanks()), ElapsedS: tr.elapsedS()}
+		if tr.peakFLOPS > 0 {
+			rec.MFU = 100 * flopsPerToken * tps / tr.peakFLOPS
+		}
+		return rec
+	}
 	var last struct{ loss, gnorm, lr float64 } // the last step's, for a log line at an interruption
 	balanceChecked := false
 	for tr.Step < job.Training.Steps {
@@ -504,20 +521,13 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 			if windowTokens > 0 {
 				// The steps since the last log line: logged (and
 				// recorded) so that the run ends at the step it reached.
-				sec := time.Since(windowStart).Seconds()
-				tps := float64(windowTokens) / sec
-				rec := metrics.Record{Step: tr.Step, Loss: last.loss, GradNorm: last.gnorm, LR: last.lr,
-					TokensPerSec: tps, TFLOPs: flopsPerToken * tps / 1e12,
-					Tokens: int64(tr.Step) * int64(tr.accum*B*T*tr.dataRanks()), ElapsedS: tr.elapsedS()}
-				if tr.peakFLOPS > 0 {
-					rec.MFU = 100 * flopsPerToken * tps / tr.peakFLOPS
-				}
+				rec := windowRecord(last.loss, last.gnorm, last.lr)
 				if err := tr.log.Log(rec); err != nil {
 					return err
 				}
 				tr.recordStep(rec)
 			}
-			if !job.Checkpoint.Enable {
+			if !SavesCheckpoints(job) {
 				// As at the last step: checkpoint.enable off saves nothing.
 				tr.log.Printf("titan: interrupted after step %d; checkpoint.enable is off, so no checkpoint is saved", tr.Step)
 				return context.Canceled
@@ -546,9 +556,7 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 		if math.IsNaN(loss) || math.IsInf(loss, 0) {
 			// The run store keeps the step that diverged (the analyses
 			// that look for it need it), then the run fails.
-			tps := float64(windowTokens) / time.Since(windowStart).Seconds()
-			tr.recordStep(metrics.Record{Step: tr.Step, Loss: loss, GradNorm: gnorm, LR: lr, TokensPerSec: tps, TFLOPs: flopsPerToken * tps / 1e12,
-				Tokens: int64(tr.Step) * int64(tr.accum*B*T*tr.dataRanks()), ElapsedS: tr.elapsedS()})
+			tr.recordStep(windowRecord(loss, gnorm, lr))
 			return fmt.Errorf("step %d: loss is %v", tr.Step, loss)
 		}
 		if w := watch.Observe(tr.Step, loss); w != "" {
@@ -600,17 +608,8 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 			if err != nil {
 				return err
 			}
-			sec := time.Since(windowStart).Seconds()
-			tps := float64(windowTokens) / sec
-			rec := metrics.Record{
-				Step: tr.Step, Loss: loss, GradNorm: gnorm, LR: lr,
-				TokensPerSec: tps, TFLOPs: flopsPerToken * tps / 1e12, MemGiB: mem, StateGiB: state, GatheredUnits: int(gathered),
-				Tokens:   int64(tr.Step) * int64(tr.accum*B*T*tr.dataRanks()),
-				ElapsedS: tr.elapsedS(), ValLoss: val,
-			}
-			if tr.peakFLOPS > 0 {
-				rec.MFU = 100 * flopsPerToken * tps / tr.peakFLOPS
-			}
+			rec := windowRecord(loss, gnorm, lr)
+			rec.MemGiB, rec.StateGiB, rec.GatheredUnits, rec.ValLoss = mem, state, int(gathered), val
 			if err := tr.log.Log(rec); err != nil {
 				return err
 			}

@@ -101,18 +101,17 @@ func draw(results, run, out string) error {
 			if l == "one" {
 				continue
 			}
-			var rel []row
+			var rel []float64 // predicted over measured ratio, round by round
 			for _, r := range by[l] {
 				if o, ok := oneOf[r.Round]; ok {
-					// PredictedTPS carries the error of this round's ratio.
-					rel = append(rel, row{MeasuredTPS: (r.PredictedTPS / o.PredictedTPS) / (r.MeasuredTPS / o.MeasuredTPS)})
+					rel = append(rel, (r.PredictedTPS/o.PredictedTPS)/(r.MeasuredTPS/o.MeasuredTPS))
 				}
 			}
 			if len(rel) == 0 {
 				continue
 			}
 			p := by[l][len(by[l])-1].PredictedTPS / one[len(one)-1].PredictedTPS
-			vs.Points = append(vs.Points, plan.ErrorPoint{Name: l, Reference: p / median(rel, func(r row) float64 { return r.MeasuredTPS }), Predicted: p})
+			vs.Points = append(vs.Points, plan.ErrorPoint{Name: l, Reference: p / medianOf(rel), Predicted: p})
 		}
 		panels = []plan.ErrorPanel{tps, vs, mem}
 	}
@@ -130,6 +129,11 @@ func median(rs []row, f func(row) float64) float64 {
 	for i, r := range rs {
 		v[i] = f(r)
 	}
+	return medianOf(v)
+}
+
+// medianOf is the median of v (sorted in place).
+func medianOf(v []float64) float64 {
 	sort.Float64s(v)
 	n := len(v)
 	if n%2 == 1 {
