@@ -63,6 +63,11 @@ func TestEstimateIsTheEnginesAccounting(t *testing.T) {
 		// Split backwards of recomputed layers keep copies of their inputs.
 		{"PP2 ZBVZeroBubble full AC", memplan.Degrees{PP: 2}, "ZBVZeroBubble", false, false, nil, memplan.EvalShape{}, memplan.Checkpoint{Mode: "full"}},
 		{"PP2 InterleavedZeroBubble op AC bf16", memplan.Degrees{PP: 2}, "InterleavedZeroBubble", true, false, nil, memplan.EvalShape{}, memplan.Checkpoint{Mode: "selective", Option: "op"}},
+		// A stage's units stay gathered and hold their gradients over the
+		// step's microbatches (no gradient sync before the last backward).
+		{"PP2xFSDP2 1F1B", memplan.Degrees{PP: 2, DPShard: 2}, "1F1B", false, false, nil, memplan.EvalShape{}, memplan.Checkpoint{}},
+		{"PP2xDDP2 Interleaved1F1B bf16 reduce bf16", memplan.Degrees{PP: 2, DPReplicate: 2}, "Interleaved1F1B", true, true, nil, memplan.EvalShape{}, memplan.Checkpoint{}},
+		{"PP2xFSDP2 ZBVZeroBubble full AC bf16", memplan.Degrees{PP: 2, DPShard: 2}, "ZBVZeroBubble", true, false, nil, memplan.EvalShape{}, memplan.Checkpoint{Mode: "full"}},
 		{"PP2xTP2 ZBVZeroBubble every 2nd layer bf16", memplan.Degrees{PP: 2, TP: 2}, "ZBVZeroBubble", true, false, nil, memplan.EvalShape{}, memplan.Checkpoint{Mode: "selective", Option: "2"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -287,6 +287,10 @@ type Report struct {
 	// FSDPBuffers are the gathered parameter units and the unit gradient
 	// buffers of sharded data parallelism (0 when dp_shard × cp is 1).
 	FSDPBuffers int64
+	// HeldGrads is the part of FSDPBuffers that holds gradients between
+	// a pipeline's backwards: every unit's gradient buffer beyond the two
+	// a reduction needs (0 without a pipeline of several microbatches).
+	HeldGrads int64
 	// Activations are the kept activations, the residual streams, the
 	// recomputation scratch, the logits chunk and the activation
 	// gradients, for every microbatch in flight.
@@ -412,7 +416,7 @@ func estimateOne(plan Plan) (Report, error) {
 			return Report{}, err
 		}
 	}
-	r := stateReport(plan, units, f8)
+	r := stateReport(plan, units, f8, d.PP > 1)
 	act, comm, err := activations(plan, layers)
 	if err != nil {
 		return Report{}, err
@@ -484,17 +488,18 @@ func float8Gathers(plan Plan, rows int, specs []*llama.StageSpec) (float8Gather,
 
 // stateReport returns the parameters, gradients, optimizer state and
 // FSDP buffers of a rank holding units (elements each), f8 its float8
-// all-gather.
-func stateReport(plan Plan, units []int64, f8 float8Gather) Report {
+// all-gather; held: the units compute several microbatches a step (a
+// pipeline), whose backwards keep them gathered and accumulate their
+// gradients unreduced until the last (fsdp.Runtime.SetGradientSync).
+func stateReport(plan Plan, units []int64, f8 float8Gather, held bool) Report {
 	d := plan.Degrees
 	// FSDP shards over dp_shard × cp (torchtitan's dp_shard_cp mesh, as
 	// parallel.NewGroups builds it).
 	shard := int64(d.ShardGroup())
-	var state, largest, gathered int64
+	var state, largest int64
 	for _, u := range units {
 		state += ceilDiv(u, shard)
 		largest = max(largest, u)
-		gathered += u
 	}
 	sb, cb := plan.Precision.state(), plan.Precision.compute()
 	r := Report{Plan: plan}
@@ -508,22 +513,20 @@ func stateReport(plan Plan, units []int64, f8 float8Gather) Report {
 		// without resharding after the forward, every unit stays
 		// gathered until its backward.
 		paramBufs = 2
-		if plan.Reshard == "never" || plan.Reshard != "always" && d.PP > 1 {
+		if plan.Reshard == "never" || plan.Reshard != "always" && d.PP > 1 || held {
 			paramBufs = int64(len(units))
 		}
 	}
 	if shard > 1 || d.ReplicateGroup() > 1 {
 		// Two unit gradient buffers awaiting their reduction (the unit
 		// computing and the one reducing); DDP reduces through them too.
+		// A pipeline's units each hold theirs over the step.
 		gradBufs = 2
+		if held {
+			gradBufs = int64(len(units))
+		}
 	}
-	if shard > 1 && paramBufs == 2 {
-		r.FSDPBuffers = (2*largest + gradBufs*largest) * cb
-	} else if shard > 1 {
-		r.FSDPBuffers = (gathered + gradBufs*largest) * cb
-	} else {
-		r.FSDPBuffers = gradBufs * largest * cb
-	}
+	r.FSDPBuffers = (paramBufs + gradBufs) * largest * cb
 	if p := plan.Precision; p.ParamBF16 {
 		r.FSDPBuffers += state * 2 // the shards' bfloat16 rounding
 		if shard == 1 {
@@ -534,6 +537,12 @@ func stateReport(plan Plan, units []int64, f8 float8Gather) Report {
 	}
 	if plan.Precision.ReduceBF16 {
 		r.FSDPBuffers += gradBufs * largest * 2
+	}
+	if held && gradBufs > 2 {
+		r.HeldGrads = (gradBufs - 2) * largest * cb
+		if plan.Precision.ReduceBF16 {
+			r.HeldGrads += (gradBufs - 2) * largest * 2
+		}
 	}
 	r.FSDPBuffers += min(paramBufs, f8.units) * f8.recv
 	return r
@@ -611,7 +620,7 @@ func estimatePipeline(plan Plan) ([]Report, error) {
 		if err != nil {
 			return nil, err
 		}
-		r := stateReport(plan, units, f8)
+		r := stateReport(plan, units, f8, sched.Microbatches > 1)
 		for _, sp := range specs {
 			r.Head = r.Head || sp.Head
 		}

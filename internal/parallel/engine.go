@@ -291,6 +291,9 @@ func New(be backend.Backend, fam model.Family, g *Groups, o Options) (Engine, er
 	if e.x, err = pipeline.NewExecutor(be, pp.Schedule, g.PP, ppRank, newSet(pp.MicrobatchRows, o.T)); err != nil {
 		return nil, err
 	}
+	// A stage's backwards accumulate its units' gradients until its last
+	// of the pass, which reduces them (and frees the gathered units).
+	e.x.GradientSync = func(_ int, sync bool) { e.rt.SetGradientSync(sync) }
 	e.eval, e.evalMB = e.x, pp.MicrobatchRows
 	if rows, T := o.evalShape(); rows != pp.Schedule.Microbatches*pp.MicrobatchRows || T != o.T {
 		// Validation has its own activation sets (forward only: one per

@@ -310,11 +310,11 @@ type Runtime struct {
 	// (torchRing), as torchtitan runs it, rather than titan's rotations
 	// of the key/value heads.
 	TorchRing bool
-	// PipelineNoSync: under pipeline parallelism FSDP's gradients
-	// accumulate unsharded over a step's microbatches and are reduced
-	// once, after a stage's last backward (torch.distributed.pipelining
-	// runs every earlier backward without gradient sync), rather than
-	// after every microbatch's backward as titan's executor does.
+	// PipelineNoSync: under pipeline parallelism FSDP2 accumulates a
+	// stage's unsharded gradients in float32 from its first backward to
+	// its last (pipelineGradHold), where titan's executor holds each
+	// unit's gradient buffer for the whole step (memplan's HeldGrads).
+	// Both reduce once a step.
 	PipelineNoSync bool
 	// TorchSAC: selective per-operation checkpointing is PyTorch's
 	// (torchtitan's policy, which also saves w2's output: sacSaved)

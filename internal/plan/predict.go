@@ -446,9 +446,10 @@ func sacPerSet(job Job, rt Runtime, layers, rows int) float64 {
 // checkpointing keeps beyond titan's, sacPerSet) less memplan's and
 // sacSaved's. memplan counts
 // the unsharded bf16 parameters already (torchtitan does not reshard
-// after the forward under pipeline parallelism, nor does titan) and two
+// after the forward under pipeline parallelism, nor does titan), two
 // unit gradient buffers, which stand for a unit's bf16 gradient before
-// its upcast.
+// its upcast, and titan's held unit gradients (HeldGrads), which the
+// float32 accumulators replace.
 func pipelineGradHold(job Job, mp memplan.Plan, mem memplan.Report, rt Runtime) (grads, sets float64, err error) {
 	d := job.Layout.Degrees
 	if !rt.PipelineNoSync || d.PP <= 1 || d.ShardGroup() <= 1 {
@@ -505,7 +506,42 @@ func pipelineGradHold(job Job, mp memplan.Plan, mem memplan.Report, rt Runtime) 
 			live[a.Stage]--
 		}
 	}
-	return grads, sets, nil
+	// titan's units hold their gradients over the step in buffers of
+	// the compute precision, which memplan counts (HeldGrads); PyTorch's
+	// accumulators take their place.
+	return grads - float64(mem.HeldGrads), sets, nil
+}
+
+// pipelineGathers is how many times a unit is all-gathered in one pass
+// of sched's actions, the most over the ranks' stages: before a forward
+// or backward that finds it freed; a forward frees it when reshard
+// (fsdp_reshard_after_forward = "always"), a backward only when it is
+// its stage's last (before it, backwards run without gradient sync and
+// keep the unit gathered).
+func pipelineGathers(sched pipeline.Schedule, reshard bool) float64 {
+	most := 0
+	for r := range sched.PP {
+		last := map[int]int{}
+		for i, a := range sched.Actions[r] {
+			if a.Kind == pipeline.Backward || a.Kind == pipeline.BackwardWeight {
+				last[a.Stage] = i
+			}
+		}
+		gathered, n := map[int]bool{}, map[int]int{}
+		for i, a := range sched.Actions[r] {
+			if !gathered[a.Stage] {
+				gathered[a.Stage] = true
+				n[a.Stage]++
+			}
+			if a.Kind == pipeline.Forward && reshard || a.Kind != pipeline.Forward && i == last[a.Stage] {
+				gathered[a.Stage] = false
+			}
+		}
+		for _, k := range n {
+			most = max(most, k)
+		}
+	}
+	return float64(most)
 }
 
 // rankShare is what the busiest pipeline rank holds: its layers, whether
@@ -744,34 +780,20 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 	// FSDP: all-gather the rank's units (compute precision) in the
 	// forward and, resharded after it, again in the backward;
 	// reduce-scatter their gradients after the backward. Under a
-	// pipeline (whose default keeps the units gathered after the forward)
-	// PyTorch's stages keep them gathered and their gradients unreduced
-	// until a step's last backward: one gather and one reduction a step,
-	// a gather before each forward and backward when told to reshard.
-	// titan's executor frees a unit and reduces its gradients after each
-	// microbatch's backward, so each microbatch gathers it again (twice
-	// when resharded after the forward) and reduces.
-	gathers, reductions := 2.0, 1.0
+	// pipeline, titan's executor as PyTorch's keeps a stage's units
+	// gathered and their gradients unreduced from one backward to the
+	// next until the step's last (fsdp.Runtime.SetGradientSync): one
+	// reduction a step, beside the last microbatch's backward, and the
+	// gathers the schedule's order leaves (pipelineGathers).
+	gathers := 2.0
 	switch {
 	case d.PP == 1 && l.Reshard == "never":
 		gathers = 1
-	case d.PP > 1 && l.Reshard == "always":
-		gathers = 2 * m
-	case d.PP > 1 && rt.PipelineNoSync:
-		gathers = 1
 	case d.PP > 1:
-		gathers = m
+		gathers = pipelineGathers(sched, l.Reshard == "always")
 	}
-	if d.PP > 1 && !rt.PipelineNoSync {
-		reductions = m
-	}
-	// The reductions run beside the backward that produces their
-	// gradients: the last microbatch's where they wait for the step's
-	// last backward, every microbatch's otherwise.
+	reductions := 1.0
 	window := c0.Input + c0.Weight
-	if reductions > 1 {
-		window *= m
-	}
 	shard, repl := d.ShardGroup(), d.ReplicateGroup()
 	// CPU mixed precision gathers and reduces bfloat16; rounding the
 	// shards (and widening what arrives) are element-wise passes.
@@ -787,7 +809,7 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 	}
 	if rt.Precision.ReduceBF16 {
 		rsb = 2
-		round += share.params * (4 + 2) * float64(m) // each microbatch's unit gradients rounded
+		round += share.params * (4 + 2) // the unit gradients rounded
 	}
 	first := share.firstUnit / share.params
 	var fag, frs float64

@@ -18,6 +18,15 @@
 // replicas; with a shard group of one (DDP) parameters are not gathered at
 // all and each unit's gradients form one all-reduce bucket.
 //
+// Under pipeline parallelism a unit computes several microbatches a step.
+// As FSDP2 under torch.distributed.pipelining, every backward of a unit
+// but the step's last runs without gradient sync (SetGradientSync): the
+// unit keeps its gathered parameters and accumulates its gradients in
+// its unsharded gradient buffer, and the last backward reduces the sum
+// once. A unit is then gathered and reduced once a step, not once a
+// microbatch, for the memory of every unit's gathered parameters and
+// gradient buffer.
+//
 // Collectives fold contributions in rank order, so a given layout
 // reproduces bitwise from run to run.
 //
@@ -218,6 +227,10 @@ type Runtime struct {
 	pAlloc int              // parameter buffers allocated
 	gAlloc int              // gradient buffers allocated
 	queue  []*reduction     // gradient reductions in flight, in issue order
+	nosync bool             // SetGradientSync(false): backwards accumulate
+	held   int              // units whose gbuf holds unreduced gradients between backwards
+	hbuf   []backend.Tensor // each unit's own gradient buffer for backwards without sync
+	hAlloc int              // of them allocated
 
 	// Mixed precision (see the package comment).
 	param, reduce backend.DType
@@ -227,6 +240,7 @@ type Runtime struct {
 	pbits         [][]uint16                   // gather in flight: its bfloat16 receive buffer, by unit
 	bits          map[*backend.Memory][]uint16 // bfloat16 twin of each unit buffer
 	gathers       int                          // all-gathers issued (for tests)
+	reductions    int                          // unit gradient reductions issued (for tests)
 
 	// Float8 all-gather (float8.go).
 	f8          []f8plan // by unit
@@ -321,7 +335,7 @@ func New(be backend.Backend, units []Range, bind Binder, c Config) (*Runtime, er
 	if _, ok := r.Params.HostFloat32(); !ok {
 		return nil, fmt.Errorf("fsdp: the backend's memory is not host memory; sharded data parallelism needs host buffers")
 	}
-	r.pbuf, r.pwork, r.gbuf = make([]backend.Tensor, n), make([]*comm.Work, n), make([]backend.Tensor, n)
+	r.pbuf, r.pwork, r.gbuf, r.hbuf = make([]backend.Tensor, n), make([]*comm.Work, n), make([]backend.Tensor, n), make([]backend.Tensor, n)
 	r.pbits = make([][]uint16, n)
 	r.local1 = shard == nil && replicate == nil
 	if r.param == backend.BFloat16 {
@@ -400,7 +414,7 @@ func (r *Runtime) Invalidate() {
 // (gathered parameters and unit gradients), the transient part of the
 // sharded state.
 func (r *Runtime) BufferBytes() int64 {
-	n := int64(r.pAlloc+r.gAlloc) * int64(r.unitMax) * 4
+	n := int64(r.pAlloc+r.gAlloc+r.hAlloc) * int64(r.unitMax) * 4
 	// Mixed precision: the bfloat16 shards, the unsharded bound copy and
 	// the bfloat16 twins of the unit buffers.
 	n += int64(len(r.lowp))*2 + int64(r.compute.Len)*4
@@ -461,6 +475,9 @@ func (r *Runtime) twin(t backend.Tensor) []uint16 {
 
 // Gathers is the number of parameter all-gathers issued so far.
 func (r *Runtime) Gathers() int { return r.gathers }
+
+// Reductions is the number of unit gradient reductions started so far.
+func (r *Runtime) Reductions() int { return r.reductions }
 
 // gather issues the all-gather of unit u's parameters unless they are
 // gathered or on their way: of the float32 shards, or of their bfloat16
@@ -550,8 +567,17 @@ func (r *Runtime) AfterForward(u int) error {
 	return nil
 }
 
-// BeforeBackward gathers unit u (prefetching unit u-1) and binds a zeroed
-// unit gradient buffer.
+// SetGradientSync sets whether the backwards that follow reduce their
+// units' gradients (true, the default) or accumulate them unsharded for
+// a later backward that does, keeping the units gathered meanwhile
+// (FSDP2's set_requires_gradient_sync with set_reshard_after_backward).
+// The pipeline executor turns it off for every backward of a stage but
+// its last of the step.
+func (r *Runtime) SetGradientSync(sync bool) { r.nosync = !sync }
+
+// BeforeBackward gathers unit u (prefetching unit u-1) and binds its unit
+// gradient buffer: the one holding its gradients of earlier backwards
+// without sync, or a zeroed one.
 func (r *Runtime) BeforeBackward(u int) error {
 	if r.local1 {
 		return nil
@@ -559,18 +585,35 @@ func (r *Runtime) BeforeBackward(u int) error {
 	if err := r.use(u, u-1); err != nil {
 		return err
 	}
-	for len(r.gfree) == 0 && r.gAlloc >= r.maxGrad {
-		if err := r.progress(true); err != nil {
-			return err
-		}
+	if g := r.gbuf[u]; g.Mem != nil {
+		r.held--
+		r.bind(u, backend.Tensor{}, g)
+		return nil
 	}
+	// A unit accumulating over backwards without sync does so in a
+	// buffer of its own (allocated once); the others take one of the
+	// maxGrad buffers that cycle through the reductions.
 	var buf backend.Tensor
-	if n := len(r.gfree); n > 0 {
-		buf = r.gfree[n-1]
-		r.gfree = r.gfree[:n-1]
-	} else {
-		r.gAlloc++
-		buf = r.be.Alloc(backend.Float32, r.unitMax)
+	switch {
+	case r.nosync:
+		if r.hbuf[u].Mem == nil {
+			r.hAlloc++
+			r.hbuf[u] = r.be.Alloc(backend.Float32, r.unitMax)
+		}
+		buf = r.hbuf[u]
+	default:
+		for len(r.gfree) == 0 && r.gAlloc >= r.maxGrad && len(r.queue) > 0 {
+			if err := r.progress(true); err != nil {
+				return err
+			}
+		}
+		if n := len(r.gfree); n > 0 {
+			buf = r.gfree[n-1]
+			r.gfree = r.gfree[:n-1]
+		} else {
+			r.gAlloc++
+			buf = r.be.Alloc(backend.Float32, r.unitMax)
+		}
 	}
 	g := buf.Slice(0, r.Units[u].Len())
 	r.be.Zero(g)
@@ -580,13 +623,26 @@ func (r *Runtime) BeforeBackward(u int) error {
 }
 
 // AfterBackward starts the reduction of unit u's gradients and frees its
-// gathered parameters.
+// gathered parameters; without gradient sync it keeps both for the
+// unit's next backward.
 func (r *Runtime) AfterBackward(u int) error {
 	if r.local1 {
 		return nil
 	}
+	if r.nosync {
+		r.held++
+		return nil
+	}
+	r.reduceUnit(u)
+	return r.progress(r.blocking)
+}
+
+// reduceUnit starts the reduction of unit u's gradient buffer and frees
+// its gathered parameters.
+func (r *Runtime) reduceUnit(u int) {
 	g := r.gbuf[u]
 	r.gbuf[u] = backend.Tensor{}
+	r.reductions++
 	red := &reduction{unit: u, buf: g, stage: 1}
 	send := comm.F32(host(g))
 	if r.reduce == backend.BFloat16 {
@@ -602,7 +658,6 @@ func (r *Runtime) AfterBackward(u int) error {
 	}
 	r.queue = append(r.queue, red)
 	r.releaseParams(u)
-	return r.progress(r.blocking)
 }
 
 // progress advances the reductions in flight, in issue order. With wait it
@@ -643,7 +698,9 @@ func (r *Runtime) progress(wait bool) error {
 				dst[i] += v
 			}
 		}
-		r.gfree = append(r.gfree, whole(red.buf))
+		if whole(red.buf).Mem != r.hbuf[red.unit].Mem {
+			r.gfree = append(r.gfree, whole(red.buf))
+		}
 		r.queue = r.queue[1:]
 		if wait {
 			return nil
@@ -686,8 +743,17 @@ func (red *reduction) chunk(r *Runtime) comm.Buffer {
 }
 
 // Finish completes every gradient reduction; call it after the step's
-// last backward, before reading Grads.
+// last backward, before reading Grads. It first reduces the gradients
+// units still hold: a split backward's last pass (the weight
+// gradients) with gradient sync visits only the units with deferred
+// products, so the others' last backward ran without.
 func (r *Runtime) Finish() error {
+	for u := len(r.gbuf) - 1; u >= 0 && r.held > 0; u-- {
+		if r.gbuf[u].Mem != nil {
+			r.held--
+			r.reduceUnit(u)
+		}
+	}
 	for len(r.queue) > 0 {
 		if err := r.progress(true); err != nil {
 			return err

@@ -190,11 +190,14 @@ func batch(cfg llama.Config, rows, T int, seed int) (tokens, targets []int32) {
 }
 
 // TestGradientsMatchOneModel: under FSDP, HSDP and DDP layouts, with both
-// reshard policies, overlapped or blocking, and two microbatches, the
-// sharded gradients gathered back equal (within float32 rounding) the
-// gradient of one unsharded model over the whole batch; the global sum of
-// squares matches a float64 sum over that gradient; GatherFull returns the
-// initial parameters bit for bit.
+// reshard policies, overlapped or blocking, and two microbatches (the
+// first without gradient sync, as a pipeline runs them, or both with),
+// the sharded gradients gathered back equal (within float32 rounding)
+// the gradient of one unsharded model over the whole batch; the global
+// sum of squares matches a float64 sum over that gradient; GatherFull
+// returns the initial parameters bit for bit. Without sync before the
+// last microbatch and without resharding after the forward, every unit
+// is gathered once and reduced once.
 func TestGradientsMatchOneModel(t *testing.T) {
 	cfg := small()
 	const T, rowsPerRank, accum = 8, 1, 2
@@ -202,15 +205,20 @@ func TestGradientsMatchOneModel(t *testing.T) {
 		replicate, shard int
 		reshard          Reshard
 		blocking         bool
+		nosync           bool // the first microbatch's backward without gradient sync
 	}{
-		{1, 2, ReshardDefault, false},
-		{1, 3, ReshardNever, false},
-		{1, 4, ReshardAlways, true},
-		{2, 1, ReshardDefault, false},
-		{2, 2, ReshardNever, false},
-		{2, 2, ReshardAlways, true},
+		{1, 2, ReshardDefault, false, false},
+		{1, 3, ReshardNever, false, false},
+		{1, 4, ReshardAlways, true, false},
+		{2, 1, ReshardDefault, false, false},
+		{2, 2, ReshardNever, false, false},
+		{2, 2, ReshardAlways, true, false},
+		{1, 2, ReshardNever, false, true},
+		{1, 3, ReshardAlways, false, true},
+		{2, 1, ReshardDefault, false, true},
+		{2, 2, ReshardNever, true, true},
 	} {
-		name := fmt.Sprintf("rep%d_shard%d_reshard%d_blocking%v", c.replicate, c.shard, c.reshard, c.blocking)
+		name := fmt.Sprintf("rep%d_shard%d_reshard%d_blocking%v_nosync%v", c.replicate, c.shard, c.reshard, c.blocking, c.nosync)
 		t.Run(name, func(t *testing.T) {
 			n := c.replicate * c.shard
 			rows := n * rowsPerRank
@@ -258,12 +266,18 @@ func TestGradientsMatchOneModel(t *testing.T) {
 					if _, err := m.Forward(tok[lo:hi], tgt[lo:hi]); err != nil {
 						return err
 					}
+					rt.SetGradientSync(!c.nosync || a == accum-1)
 					if err := m.Backward(1 / total); err != nil {
 						return err
 					}
 				}
 				if err := rt.Finish(); err != nil {
 					return err
+				}
+				if units := len(rt.Units); c.nosync && c.reshard == ReshardNever {
+					if rt.Gathers() != units*min(c.shard-1, 1) || rt.Reductions() != units {
+						return fmt.Errorf("%d gathers and %d reductions of %d units, want each unit gathered (when sharded) and reduced once", rt.Gathers(), rt.Reductions(), units)
+					}
 				}
 				got, err := rt.GatherFull(rt.Grads)
 				if err != nil {

@@ -92,6 +92,24 @@ type Executor struct {
 	heldMax int   // the most held at once (see MessageBuffers)
 	sendErr error // of a transfer reaped before the end of Run
 	stats   Stats
+	// GradientSync, when set, is told before each backward action
+	// (Backward, BackwardInput, BackwardWeight) whether it is its stage's
+	// last of the run, the one that completes the stage's gradients:
+	// data parallelism reduces them then, once for all the microbatches
+	// (torch.distributed.pipelining's no-sync backwards).
+	GradientSync func(stage int, sync bool)
+}
+
+// lastGradients returns the index in list of each stage's last backward
+// action (Backward or BackwardWeight).
+func lastGradients(list []Action) map[int]int {
+	last := map[int]int{}
+	for i, a := range list {
+		if a.Kind == Backward || a.Kind == BackwardWeight {
+			last[a.Stage] = i
+		}
+	}
+	return last
 }
 
 // ctx is the context of the executor's transfers; timeouts come from the
@@ -444,8 +462,12 @@ func (x *Executor) Run(actions [][]Action, inputs, labels []int32, per int, scal
 		x.stats.Time[a.Stage][a.Kind] += dt
 		x.stats.Count[a.Stage][a.Kind]++
 	}
-	for _, a := range actions[x.Rank] {
+	last := lastGradients(actions[x.Rank])
+	for i, a := range actions[x.Rank] {
 		s, mb := a.Stage, a.Microbatch
+		if a.Kind != Forward && x.GradientSync != nil {
+			x.GradientSync(s, i == last[s])
+		}
 		switch a.Kind {
 		case Forward:
 			set, err := x.acquire(s, mb)
