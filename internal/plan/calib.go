@@ -63,8 +63,8 @@ type Calibration struct {
 	// Shared, on a CPU host, is how much faster each of n ranks that
 	// share the host computes than 1/n of one process on all its cores
 	// (measureShared: n step probes side by side, each on its share of
-	// the threads; a one-thread rank pays no thread barriers). Without a
-	// figure for n, 1.
+	// the threads, at the slowest one's pace; a one-thread rank pays no
+	// thread barriers). Without a figure for n, 1.
 	Shared []SharedRate `json:"shared,omitempty"`
 	// HostPeak, on a CPU host, is the float32 GEMM peak titan train
 	// measures MFU against (cpu.HostPeakFLOPS); the efficiencies above

@@ -213,10 +213,11 @@ func measureInStep(ctx context.Context, o CalibrateOptions, c cluster.Cluster, c
 
 // measureShared runs n step probes side by side, each on its share of
 // the host's threads (at least one), as n ranks of a job share the host,
-// and returns their tokens/s together over one process's on all the
-// threads (Calibration.Shared's speedup), and the threads each had. The
-// probes train independently: what it measures is compute (a one-thread
-// rank pays no thread barriers), not the collectives, calibrated apart.
+// and returns their pace together over one process's tokens/s on all
+// the threads (Calibration.Shared's speedup), and the threads each had.
+// The probes train independently: what it measures is compute (a
+// one-thread rank pays no thread barriers), not the collectives,
+// calibrated apart.
 func measureShared(ctx context.Context, o CalibrateOptions, hostThreads, n int) (float64, int, error) {
 	threads := max(1, hostThreads/n)
 	// The host's speed drifts by tens of percent over minutes: the n
@@ -239,9 +240,15 @@ func measureShared(ctx context.Context, o CalibrateOptions, hostThreads, n int) 
 }
 
 // sideBySide runs n step probes at once, each on threads threads, and
-// returns their tokens/s together. Only the windows when all n surely
-// run count: after the first (start-up; the probes start a little apart)
-// and before the last (the first to finish leaves the others the host).
+// returns their pace together: n times the slowest one's tokens/s, as
+// every step of a job waits for its slowest rank. The cores of a VM are
+// not equal: side by side, one probe ran 1.4 to 6 % slower than the
+// other through a whole run, and in a TP2 job the rank on the slower
+// core computed 7-8 % longer in every kernel group while the other
+// waited in the collectives (bench/plan/README.md). Only the windows
+// when all n surely run count: after the first (start-up; the probes
+// start a little apart) and before the last (the first to finish leaves
+// the others the host).
 func sideBySide(ctx context.Context, o CalibrateOptions, threads, n int) (float64, error) {
 	probe := append(stepProbe(o), "training.threads="+strconv.Itoa(threads), "training.steps="+strconv.Itoa(sharedProbeSteps))
 	tps := make([]float64, n)
@@ -259,14 +266,12 @@ func sideBySide(ctx context.Context, o CalibrateOptions, threads, n int) (float6
 		}()
 	}
 	wg.Wait()
-	total := 0.0
 	for i := range n {
 		if errs[i] != nil {
 			return 0, fmt.Errorf("plan: calibrate: %d step probes side by side: %w", n, errs[i])
 		}
-		total += tps[i]
 	}
-	return total, nil
+	return float64(n) * slices.Min(tps), nil
 }
 
 // sharedProbeSteps is measureShared's probe length.
