@@ -51,6 +51,7 @@ sets_of() {
 	CP2) echo "2 $s --set parallelism.context_parallel_degree=2" ;;
 	PP2-*) echo "2 $s --set parallelism.pipeline_parallel_degree=2 --set parallelism.pipeline_parallel_schedule=${1#PP2-}" ;;
 	FSDP2xTP2) echo "4 --set parallelism.data_parallel_shard_degree=2 --set parallelism.tensor_parallel_degree=2" ;;
+	FSDP2xPP2) echo "4 --set parallelism.data_parallel_shard_degree=2 --set parallelism.pipeline_parallel_degree=2" ;;
 	*) echo "unknown layout $1" >&2; exit 2 ;;
 	esac
 }

@@ -3,6 +3,7 @@ package memplan_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
@@ -66,12 +67,17 @@ func TestEstimateIsTheEnginesAccounting(t *testing.T) {
 		// A stage's units stay gathered and hold their gradients over the
 		// step's microbatches (no gradient sync before the last backward).
 		{"PP2xFSDP2 1F1B", memplan.Degrees{PP: 2, DPShard: 2}, "1F1B", false, false, nil, memplan.EvalShape{}, memplan.Checkpoint{}},
+		{"PP2xFSDP2 GPipe resharded after forward", memplan.Degrees{PP: 2, DPShard: 2}, "GPipe", false, false, nil, memplan.EvalShape{}, memplan.Checkpoint{}},
 		{"PP2xDDP2 Interleaved1F1B bf16 reduce bf16", memplan.Degrees{PP: 2, DPReplicate: 2}, "Interleaved1F1B", true, true, nil, memplan.EvalShape{}, memplan.Checkpoint{}},
 		{"PP2xFSDP2 ZBVZeroBubble full AC bf16", memplan.Degrees{PP: 2, DPShard: 2}, "ZBVZeroBubble", true, false, nil, memplan.EvalShape{}, memplan.Checkpoint{Mode: "full"}},
 		{"PP2xTP2 ZBVZeroBubble every 2nd layer bf16", memplan.Degrees{PP: 2, TP: 2}, "ZBVZeroBubble", true, false, nil, memplan.EvalShape{}, memplan.Checkpoint{Mode: "selective", Option: "2"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			plan := memplan.Plan{Model: cfg, Batch: B, SeqLen: T, MicrobatchRows: 1, Degrees: tc.d, Reshard: "default",
+			reshard := "default"
+			if strings.Contains(tc.name, "resharded after forward") {
+				reshard = "always"
+			}
+			plan := memplan.Plan{Model: cfg, Batch: B, SeqLen: T, MicrobatchRows: 1, Degrees: tc.d, Reshard: reshard,
 				Precision: memplan.Precision{ParamBF16: tc.param, ReduceBF16: tc.reduce, Float8: tc.f8}, Eval: tc.eval, Checkpoint: tc.ac}
 			if tc.d.PP > 1 {
 				plan.Pipeline = &parallel.PipelineSettings{Schedule: tc.sched, MicrobatchSize: 1}
@@ -94,7 +100,7 @@ func TestEstimateIsTheEnginesAccounting(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					mems[r], errs[r] = step(st, r, ranks, cfg, d, pp, B, T, tc.param, tc.reduce, tc.f8, tc.eval, tc.ac)
+					mems[r], errs[r] = step(st, r, ranks, cfg, d, pp, B, T, reshard, tc.param, tc.reduce, tc.f8, tc.eval, tc.ac)
 				}()
 			}
 			wg.Wait()
@@ -135,7 +141,7 @@ var f8TP = &float8.Config{Recipe: float8.Rowwise}
 
 // step builds rank r's engine, runs one forward and backward and returns
 // its memory accounting.
-func step(st comm.Store, r, ranks int, cfg llama.Config, d memplan.Degrees, pp parallel.PipelinePlan, B, T int, param, reduce bool, f8 *float8.Config, eval memplan.EvalShape, ac memplan.Checkpoint) (parallel.Memory, error) {
+func step(st comm.Store, r, ranks int, cfg llama.Config, d memplan.Degrees, pp parallel.PipelinePlan, B, T int, reshard string, param, reduce bool, f8 *float8.Config, eval memplan.EvalShape, ac memplan.Checkpoint) (parallel.Memory, error) {
 	world, err := comm.NewWorld(context.Background(), st, r, ranks, comm.Options{})
 	if err != nil {
 		return parallel.Memory{}, err
@@ -151,7 +157,11 @@ func step(st comm.Store, r, ranks int, cfg llama.Config, d memplan.Degrees, pp p
 	}
 	be := cpu.New(1)
 	defer be.Close()
-	o := parallel.Options{Pipeline: pp, T: T, Reshard: fsdp.ReshardDefault, Precision: model.Precision{Param: backend.Float32, Float8: f8}, Reduce: backend.Float32,
+	rs, err := fsdp.ParseReshard(reshard)
+	if err != nil {
+		return parallel.Memory{}, err
+	}
+	o := parallel.Options{Pipeline: pp, T: T, Reshard: rs, Precision: model.Precision{Param: backend.Float32, Float8: f8}, Reduce: backend.Float32,
 		EvalRows: eval.Rows, EvalT: eval.SeqLen}
 	if param {
 		o.Precision.Param = backend.BFloat16

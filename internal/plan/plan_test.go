@@ -1470,3 +1470,47 @@ func TestDataParallelCommWindows(t *testing.T) {
 		}
 	}
 }
+
+// TestTimeShared: pipeline ranks outnumbering a CPU host's cores take
+// the ranks' mean compute (the idle ones leave their share of the cores
+// to the others), never less than the makespan at a core a rank; as
+// many ranks as cores, a GPU or no pipeline keep the simulation.
+func TestTimeShared(t *testing.T) {
+	host, err := cluster.Load("cpu-2core")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpu, err := cluster.Load("h100-sxm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim := pipeline.Timeline{Busy: []float64{0.580, 0.662}, Makespan: 0.744}
+	for _, c := range []struct {
+		name   string
+		c      cluster.Cluster
+		shared int
+		sim    pipeline.Timeline
+		want   float64
+	}{
+		{"4 ranks on 2 cores", host, 4, sim, 0.621 / 0.662},
+		{"2 ranks on 2 cores", host, 2, sim, 1},
+		{"GPU", gpu, 4, sim, 1},
+		{"no pipeline", host, 4, pipeline.Timeline{Busy: []float64{0.662}, Makespan: 0.662}, 1},
+		// A long makespan: each busy rank at a whole core still needs
+		// half of it.
+		{"makespan bound", host, 4, pipeline.Timeline{Busy: []float64{0.580, 0.662}, Makespan: 1.5}, 0.75 / 0.662},
+	} {
+		if got := timeShared(c.c, Runtime{Shared: c.shared}, c.sim, 0.662); math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("%s: %g, want %g", c.name, got, c.want)
+		}
+	}
+	// Predict: FSDP2 × PP2 on this host steps through the mean compute.
+	p, err := Predict(debugJob(t, deg(2, 1, 2, 1, 1), "1F1B"), host, cpuCal())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mean := (p.RankCompute[0] + p.RankCompute[1]) / 2
+	if pipe := p.Step.Step - p.Step.FSDP - p.Step.DP - p.Step.Optimizer; pipe > 1.02*mean || p.Step.Bubble != 0 {
+		t.Errorf("FSDP2×PP2 on 2 cores: the pipeline's part of the step %g s (bubble %g s) against the ranks' mean compute %g s", pipe, p.Step.Bubble, mean)
+	}
+}

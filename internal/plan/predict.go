@@ -512,6 +512,30 @@ func pipelineGradHold(job Job, mp memplan.Plan, mem memplan.Report, rt Runtime) 
 	return grads - float64(mem.HeldGrads), sets, nil
 }
 
+// timeShared is the busiest rank's pipeline time over its compute when
+// the pipeline ranks outnumber a CPU host's cores (1 otherwise, or
+// without a pipeline). Each rank then computes on its share of the
+// cores, and a rank idle in the bubble gives its share to the ranks
+// still computing, up to a core each (one thread each): the host works
+// through the ranks' mean compute, and the schedule cannot finish
+// before its makespan at a core a rank. Measured on this host, FSDP2 ×
+// PP2 (4 processes on 2 cores): the ranks' mean 621 ms against the
+// busiest's 662 and a simulated bubble of 73 ms; the step took 641 ms
+// (bench/plan/README.md).
+func timeShared(c cluster.Cluster, rt Runtime, sim pipeline.Timeline, busy float64) float64 {
+	cores := c.Device.Cores
+	if !c.CPU() || cores < 1 || rt.Shared <= cores || len(sim.Busy) < 2 || busy <= 0 {
+		return 1
+	}
+	mean := 0.0
+	for _, b := range sim.Busy {
+		mean += b
+	}
+	mean /= float64(len(sim.Busy))
+	floor := sim.Makespan * float64(cores) / float64(rt.Shared)
+	return max(mean, floor) / busy
+}
+
 // pipelineGathers is how many times a unit is all-gathered in one pass
 // of sched's actions, the most over the ranks' stages: before a forward
 // or backward that finds it freed; a forward frees it when reshard
@@ -776,6 +800,17 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 	if b.Bubble < 0 || d.PP == 1 {
 		b.Bubble = 0
 	}
+	pipe := sim.Makespan // the schedule's time, compute and bubble
+	if f := timeShared(c, rt, sim, busy); f != 1 {
+		// More ranks than cores: a rank idle in the bubble leaves its
+		// share of the cores to the others.
+		pipe = f * busy
+		b.Bubble = max(0, pipe-busy)
+		if f < 1 {
+			b.Matmul, b.Attention, b.Elementwise, b.Recompute = f*b.Matmul, f*b.Attention, f*b.Elementwise, f*b.Recompute
+			b.TP, b.CP = f*b.TP, f*b.CP
+		}
+	}
 
 	// FSDP: all-gather the rank's units (compute precision) in the
 	// forward and, resharded after it, again in the backward;
@@ -832,7 +867,7 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 	}
 	b.Optimizer = share.params / float64(shard) * 4 * optimizerAccesses / r.ew
 	b.Elementwise += round / r.ew
-	b.Step = round/r.ew + sim.Makespan + b.FSDP + b.DP + b.Optimizer
+	b.Step = round/r.ew + pipe + b.FSDP + b.DP + b.Optimizer
 	return b, sim, nil
 }
 

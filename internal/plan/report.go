@@ -192,6 +192,9 @@ func WriteTable(w io.Writer, p Prediction, cal Calibration) {
 			}
 			fmt.Fprintf(w, "pipeline ranks' compute: %s (the busiest %.2f× the mean)\n", strings.Join(busy, ", "), parallel.Imbalance(p.RankCompute))
 		}
+		if c := p.Cluster; c.CPU() && p.Runtime.Shared > c.Device.Cores {
+			fmt.Fprintf(w, "the %d ranks outnumber the host's %d cores: a rank idle in the bubble leaves its share of them to the others, so the step runs through the ranks' mean compute\n", p.Runtime.Shared, c.Device.Cores)
+		}
 	}
 	fmt.Fprintf(w, "tokens/s per device %s, MFU %.1f%%\n", rate(p.TokensPerDevice), 100*p.MFU)
 }
