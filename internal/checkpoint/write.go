@@ -87,7 +87,7 @@ type part struct {
 
 // WritePart writes rank's shards into its data file and its blobs, each
 // fsynced, and then its part file (renamed into place: its presence
-// means the rank is done). Nothing is shared with the other ranks but
+// means the rank is done, and the rank touches the folder no more). Nothing is shared with the other ranks but
 // the folder. On an error it leaves an error file, so that the commit
 // fails with it instead of waiting.
 func (p *Pending) WritePart(rank int, shards []Shard, blobs map[string][]byte) (err error) {
@@ -122,10 +122,15 @@ func (p *Pending) WritePart(rank int, shards []Shard, blobs map[string][]byte) (
 	if err := writeFileSynced(tmp, raw); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
+	// The rename is the last thing a writer does to the folder: its part
+	// file complete, the committer may rename the folder away at once
+	// (syncing the folder after it raced with that: ENOENT on a rank
+	// whose part had landed). The commit fsyncs the folder before its
+	// rename, which makes every part's entry durable.
 	if err := os.Rename(tmp, filepath.Join(p.Dir, PartFile(rank))); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
-	return syncDir(p.Dir)
+	return nil
 }
 
 // writeData writes the shards into rank's data file, recording them in
