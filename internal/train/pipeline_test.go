@@ -1,6 +1,7 @@
 package train
 
 import (
+	"cmp"
 	"context"
 	"io"
 	"math"
@@ -130,18 +131,26 @@ func TestPipelineTrainsAndValidatesLikeOneProcess(t *testing.T) {
 		refWorld int
 		ref      []string
 		tol      float64 // relative
+		world    int     // 0: 2
 	}{
-		{"1F1B", pp("1F1B"), 1, nil, 1e-5},
-		{"ZBVZeroBubble", pp("ZBVZeroBubble"), 1, nil, 1e-5},
+		{"1F1B", pp("1F1B"), 1, nil, 1e-5, 0},
+		{"ZBVZeroBubble", pp("ZBVZeroBubble"), 1, nil, 1e-5, 0},
 		// Recomputation gives the kept activations' values, so a split
 		// backward under checkpointing matches the same schedule without
 		// it bitwise (which the cases above check against one process).
-		{"ZBVZeroBubble full AC bf16", pp("ZBVZeroBubble", append(full, bf16)...), 2, pp("ZBVZeroBubble", bf16), 0},
-		{"InterleavedZeroBubble op AC bf16", pp("InterleavedZeroBubble", append(op, bf16)...), 2, pp("InterleavedZeroBubble", bf16), 0},
+		{"ZBVZeroBubble full AC bf16", pp("ZBVZeroBubble", append(full, bf16)...), 2, pp("ZBVZeroBubble", bf16), 0, 0},
+		{"InterleavedZeroBubble op AC bf16", pp("InterleavedZeroBubble", append(op, bf16)...), 2, pp("InterleavedZeroBubble", bf16), 0, 0},
+		// Two accumulated passes a step, each reducing the stages' held
+		// gradients once (fsdp.Runtime.SetGradientSync): the second pass
+		// must not overwrite the first's buffers while they reduce.
+		{"PP2xFSDP2 1F1B two accumulated passes", pp("1F1B", "parallelism.data_parallel_shard_degree=2", "training.local_batch_size=2", "training.gradient_accumulation_steps=2"),
+			1, []string{"training.local_batch_size=8"}, 1e-5, 4},
+		{"PP2xDDP2 ZBVZeroBubble two accumulated passes", pp("ZBVZeroBubble", "parallelism.data_parallel_replicate_degree=2", "training.local_batch_size=2", "training.gradient_accumulation_steps=2"),
+			1, []string{"training.local_batch_size=8"}, 1e-5, 4},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ref := run(c.refWorld, c.ref...)[0]
-			got := run(2, c.sets...)
+			got := run(cmp.Or(c.world, 2), c.sets...)
 			for r := range got {
 				for i, x := range ref {
 					if y := got[r][i]; math.Abs(x-y) > c.tol*math.Abs(x) {

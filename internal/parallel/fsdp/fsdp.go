@@ -600,6 +600,13 @@ func (r *Runtime) BeforeBackward(u int) error {
 			r.hAlloc++
 			r.hbuf[u] = r.be.Alloc(backend.Float32, r.unitMax)
 		}
+		// Its reduction of an earlier pass (an accumulated local batch
+		// of the same step) may still be reading it.
+		for r.reducing(u) {
+			if err := r.progress(true); err != nil {
+				return err
+			}
+		}
 		buf = r.hbuf[u]
 	default:
 		for len(r.gfree) == 0 && r.gAlloc >= r.maxGrad && len(r.queue) > 0 {
@@ -658,6 +665,17 @@ func (r *Runtime) reduceUnit(u int) {
 	}
 	r.queue = append(r.queue, red)
 	r.releaseParams(u)
+}
+
+// reducing reports whether a reduction of unit u's own gradient buffer
+// is in flight.
+func (r *Runtime) reducing(u int) bool {
+	for _, red := range r.queue {
+		if red.unit == u && whole(red.buf).Mem == r.hbuf[u].Mem {
+			return true
+		}
+	}
+	return false
 }
 
 // progress advances the reductions in flight, in issue order. With wait it

@@ -190,17 +190,18 @@ func batch(cfg llama.Config, rows, T int, seed int) (tokens, targets []int32) {
 }
 
 // TestGradientsMatchOneModel: under FSDP, HSDP and DDP layouts, with both
-// reshard policies, overlapped or blocking, and two microbatches (the
-// first without gradient sync, as a pipeline runs them, or both with),
-// the sharded gradients gathered back equal (within float32 rounding)
-// the gradient of one unsharded model over the whole batch; the global
-// sum of squares matches a float64 sum over that gradient; GatherFull
-// returns the initial parameters bit for bit. Without sync before the
-// last microbatch and without resharding after the forward, every unit
-// is gathered once and reduced once.
+// reshard policies, overlapped or blocking, and four microbatches (every
+// other one without gradient sync, as a pipeline runs a stage's
+// microbatches in two accumulated passes, or all with), the sharded
+// gradients gathered back equal (within float32 rounding) the gradient
+// of one unsharded model over the whole batch; the global sum of squares
+// matches a float64 sum over that gradient; GatherFull returns the
+// initial parameters bit for bit. Without sync before each pair's second
+// microbatch and without resharding after the forward, every unit is
+// gathered and reduced once a pair.
 func TestGradientsMatchOneModel(t *testing.T) {
 	cfg := small()
-	const T, rowsPerRank, accum = 8, 1, 2
+	const T, rowsPerRank, accum = 8, 1, 4
 	for _, c := range []struct {
 		replicate, shard int
 		reshard          Reshard
@@ -266,7 +267,7 @@ func TestGradientsMatchOneModel(t *testing.T) {
 					if _, err := m.Forward(tok[lo:hi], tgt[lo:hi]); err != nil {
 						return err
 					}
-					rt.SetGradientSync(!c.nosync || a == accum-1)
+					rt.SetGradientSync(!c.nosync || a%2 == 1)
 					if err := m.Backward(1 / total); err != nil {
 						return err
 					}
@@ -275,8 +276,8 @@ func TestGradientsMatchOneModel(t *testing.T) {
 					return err
 				}
 				if units := len(rt.Units); c.nosync && c.reshard == ReshardNever {
-					if rt.Gathers() != units*min(c.shard-1, 1) || rt.Reductions() != units {
-						return fmt.Errorf("%d gathers and %d reductions of %d units, want each unit gathered (when sharded) and reduced once", rt.Gathers(), rt.Reductions(), units)
+					if rt.Gathers() != 2*units*min(c.shard-1, 1) || rt.Reductions() != 2*units {
+						return fmt.Errorf("%d gathers and %d reductions of %d units, want each unit gathered (when sharded) and reduced once a pair of microbatches", rt.Gathers(), rt.Reductions(), units)
 					}
 				}
 				got, err := rt.GatherFull(rt.Grads)
