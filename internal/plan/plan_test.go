@@ -593,8 +593,10 @@ func TestSearchCoversThePublishedLayout(t *testing.T) {
 	found := false
 	for i, cand := range r.Top {
 		p := cand.Prediction
-		if i > 0 && p.TokensPerDevice > r.Top[i-1].Prediction.TokensPerDevice {
-			t.Fatalf("rank %d faster than rank %d", i+1, i)
+		// Ranked by tokens/s to four figures, then by memory.
+		if q := r.Top[max(i-1, 0)].Prediction; i > 0 && (fourFigures(p.TokensPerDevice) > fourFigures(q.TokensPerDevice) ||
+			fourFigures(p.TokensPerDevice) == fourFigures(q.TokensPerDevice) && p.MemoryBytes < q.MemoryBytes) {
+			t.Fatalf("rank %d (%.6g tokens/s, %.0f B) ahead of rank %d (%.6g, %.0f B)", i+1, p.TokensPerDevice, p.MemoryBytes, i, q.TokensPerDevice, q.MemoryBytes)
 		}
 		if p.Job.Layout.String() == ref.Row.Job.Layout.String() {
 			found = true

@@ -132,8 +132,12 @@ func WriteTable(w io.Writer, p Prediction, cal Calibration) {
 	if n := p.Runtime.Shared; n > 1 {
 		speedup, measured := cal.sharedSpeedup(n)
 		how := "measured side by side"
-		if !measured {
-			how = "not measured: more ranks than cores get no speedup, and calibrations before 2026-12-07 have none"
+		switch {
+		case measured:
+		case p.Cluster.Device.Cores > 0 && n > p.Cluster.Device.Cores:
+			how = "not measured: more ranks than cores get no speedup"
+		default:
+			how = fmt.Sprintf("not measured: this calibration has no figure for %d ranks (titan plan --calibrate measures it)", n)
 		}
 		fmt.Fprintf(w, "  %d ranks share the host: each computes at %.3f× 1/%d of it (%s)\n", n, speedup, n, how)
 	}
@@ -184,7 +188,11 @@ func WriteTable(w io.Writer, p Prediction, cal Calibration) {
 		fmt.Fprintf(w, "data-parallel communication before overlap: FSDP %s, all-reduce %s\n", seconds(p.Step.FSDPTotal), seconds(p.Step.DPTotal))
 	}
 	if l.Degrees.PP > 1 {
-		fmt.Fprintf(w, "pipeline: %s over %d microbatches of %d, simulated bubble %.1f%% of all ranks' time (\"pipeline bubble\" above is the busiest rank's idle time)\n", l.Schedule, p.Microbatches, l.MicrobatchRows, 100*p.BubbleFraction)
+		note := ""
+		if p.Step.Bubble > 0 {
+			note = " (\"pipeline bubble\" above is the busiest rank's idle time)"
+		}
+		fmt.Fprintf(w, "pipeline: %s over %d microbatches of %d, simulated bubble %.1f%% of all ranks' time%s\n", l.Schedule, p.Microbatches, l.MicrobatchRows, 100*p.BubbleFraction, note)
 		if len(p.RankCompute) > 1 {
 			busy := make([]string, len(p.RankCompute))
 			for r, t := range p.RankCompute {

@@ -154,7 +154,15 @@ func Search(base Job, c cluster.Cluster, cal Calibration, o SearchOptions) (Sear
 	if len(fits) == 0 {
 		return res, fmt.Errorf("plan: no layout of %s on %d ranks of %s fits in %s per device with %.0f%% of it free (tried %d)", base.Flavor, world, c.Name, bytesize.Human(int64(c.Device.MemoryBytes)), 100*o.Headroom, res.Tried)
 	}
-	sort.SliceStable(fits, func(i, j int) bool { return fits[i].TokensPerDevice > fits[j].TokensPerDevice })
+	// Layouts as fast to four figures (what the table prints): the one
+	// needing less memory first.
+	sort.SliceStable(fits, func(i, j int) bool {
+		a, b := fourFigures(fits[i].TokensPerDevice), fourFigures(fits[j].TokensPerDevice)
+		if a != b {
+			return a > b
+		}
+		return fits[i].MemoryBytes < fits[j].MemoryBytes
+	})
 	if g, err := Predict(base, c, cal); err != nil {
 		res.GivenErr = err
 	} else {
@@ -313,4 +321,13 @@ func divisors(n int) []int {
 		}
 	}
 	return out
+}
+
+// fourFigures is x rounded to four significant figures.
+func fourFigures(x float64) float64 {
+	if x <= 0 || math.IsInf(x, 0) || math.IsNaN(x) {
+		return x
+	}
+	p := math.Pow(10, 3-math.Floor(math.Log10(x)))
+	return math.Round(x*p) / p
 }

@@ -12,6 +12,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/titan-go/titan/internal/backend"
@@ -278,6 +279,9 @@ func checkParallelism(job *config.Job, fam model.Family, world int) (*mesh.Mesh,
 	if p.EnableAsyncTensorParallel {
 		return nil, none, errors.New("parallelism.enable_async_tensor_parallel: not implemented yet (set it to false)")
 	}
+	if r := p.FSDPReshardAfterForward; r != "" && r != "default" && m.DPShard*m.CP == 1 {
+		return nil, none, fmt.Errorf("parallelism.fsdp_reshard_after_forward %q: nothing is sharded (data_parallel_shard_degree %d × context_parallel_degree %d = 1); leave it \"default\"", r, m.DPShard, m.CP)
+	}
 	if err := fam.Check(job.Training.SeqLen, m.TP, m.CP); err != nil {
 		return nil, none, err
 	}
@@ -439,12 +443,16 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 	}
 	defer tr.log.Close()
 	B, T := job.Training.LocalBatchSize, job.Training.SeqLen
-	tr.log.Printf("titan: %s %s, %s parameters, %d sequences × %d tokens per step (%d accumulated local batches of %d on each of %d data ranks), %s per rank, MFU against the job's peak of %.0f GFLOP/s, activation checkpointing %s (%.1f MiB of activations on rank 0)",
-		job.Model.Name, job.Model.Flavor, humanCount(numParams(tr.fam)), tr.accum*B*tr.dataRanks(), T, tr.accum, B, tr.dataRanks(), tr.dev.Name, tr.peakFLOPS/1e9,
+	batches := fmt.Sprintf("%d accumulated local batches", tr.accum)
+	if tr.accum == 1 {
+		batches = "1 local batch"
+	}
+	tr.log.Printf("titan: %s %s, %s parameters, %d sequences × %d tokens per step (%s of %d on each of %d data ranks), %s per rank, MFU against the job's peak of %.0f GFLOP/s, activation checkpointing %s (%.1f MiB of activations on rank 0)",
+		job.Model.Name, job.Model.Flavor, humanCount(numParams(tr.fam)), tr.accum*B*tr.dataRanks(), T, batches, B, tr.dataRanks(), tr.dev.Name, tr.peakFLOPS/1e9,
 		tr.acPolicy(), float64(tr.eng.Memory().ActivationBytes)/(1<<20))
 	tr.log.Printf("titan: optimizer %s (%s)", tr.Opt.Name(), tr.Opt.Implementation())
 	if tr.mesh != nil {
-		tr.log.Printf("titan: mesh %s, fsdp_reshard_after_forward %q", tr.mesh, job.Parallelism.FSDPReshardAfterForward)
+		tr.log.Printf("titan: mesh %s, fsdp_reshard_after_forward %s", tr.mesh, reshardLine(job.Parallelism.FSDPReshardAfterForward, tr.mesh))
 	}
 	if tr.mesh.PP > 1 {
 		tr.log.Printf("titan: pipeline %s", tr.pplan)
@@ -792,5 +800,20 @@ func gatherLine(g fsdp.GatherStats, p model.Precision) string {
 		}
 		f8 = fmt.Sprintf(" (float8 weights %d B as %s, other parameters %d B, padding %d B; %d float8 amax all-reduces)", g.Float8Weights, as, g.Other, g.Padding, g.ScaleReductions)
 	}
-	return fmt.Sprintf("%d parameter all-gathers moved %d B to this rank%s", g.Gathers, g.Bytes(), f8)
+	return fmt.Sprintf("%d parameter all-gathers gathered %d B on this rank (its own shards included)%s", g.Gathers, g.Bytes(), f8)
+}
+
+// reshardLine is the start-up line's fsdp_reshard_after_forward: the
+// setting and, for "default", the policy it stands for on mesh m.
+func reshardLine(setting string, m *mesh.Mesh) string {
+	if setting != "" && setting != "default" {
+		return strconv.Quote(setting)
+	}
+	if m.DPShard*m.CP == 1 {
+		return `"default" (nothing is sharded)`
+	}
+	if fsdp.ReshardDefault.Resolve(m.PP > 1) == fsdp.ReshardNever {
+		return `"default" (never: under pipeline parallelism a unit stays gathered for the step)`
+	}
+	return `"default" (always)`
 }
