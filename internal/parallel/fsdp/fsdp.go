@@ -817,18 +817,25 @@ func (r *Runtime) GatherFull(buf backend.Tensor) ([]float32, error) {
 
 // Load fills buf (Params or an optimizer moment) with this rank's shards,
 // read by read(lo, dst), which must fill dst with the flat-buffer elements
-// [lo, lo+len(dst)).
+// [lo, lo+len(dst)). On an error buf may hold part of them.
 func (r *Runtime) Load(buf backend.Tensor, read func(lo int, dst []float32) error) error {
 	if buf.Len != r.Len {
 		return fmt.Errorf("fsdp: load: buffer of %d elements, the shards hold %d", buf.Len, r.Len)
 	}
-	h := make([]float32, r.Len)
+	// Host memory is read into in place: a staging copy of the shards
+	// raised a resumed run's peak memory by its size for each buffer.
+	h, inPlace := buf.HostFloat32()
+	if !inPlace {
+		h = make([]float32, r.Len)
+	}
 	for u, s := range r.Shards {
 		if err := read(s.Lo, h[r.Local[u]:r.Local[u]+s.Len()]); err != nil {
 			return err
 		}
 	}
-	r.be.Upload(buf, h)
+	if !inPlace {
+		r.be.Upload(buf, h)
+	}
 	r.Invalidate()
 	return nil
 }
