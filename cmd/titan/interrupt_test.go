@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -40,5 +41,31 @@ func TestInterruptExitsWith130(t *testing.T) {
 	out, err := titan(t, tinyRun(dump, data, 60)...)
 	if err != nil || !strings.Contains(out, "resum") || !strings.Contains(out, "step    60") {
 		t.Errorf("resuming after SIGINT: %v\n%s", err, out)
+	}
+}
+
+// TestTerminateExitsWith143: SIGTERM to the launcher (a scheduler's
+// preemption) saves a checkpoint too and exits with 128 + 15, so that a
+// scheduler tells it from a Ctrl-C.
+func TestTerminateExitsWith143(t *testing.T) {
+	dump, data := t.TempDir(), corpus(t)
+	p := startTitan(t, nil, append(tinyRun(dump, data, 60), "--nproc", "2")...)
+	p.await(t, `step +3 `, 0)
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	select {
+	case err = <-p.done:
+		p.done <- err
+	case <-time.After(120 * time.Second):
+		t.Fatalf("no exit after SIGTERM:\n%s", p.out)
+	}
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 143 || !strings.Contains(p.out.String(), "interrupted; resume with the same command") {
+		t.Fatalf("after SIGTERM: %v, want exit status 143 and the resume hint\n%s", err, p.out)
+	}
+	if steps, _ := filepath.Glob(filepath.Join(dump, "checkpoint", "step-*")); len(steps) == 0 {
+		t.Fatalf("no checkpoint saved on SIGTERM\n%s", p.out)
 	}
 }

@@ -99,6 +99,9 @@ for 3 steps in a row.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			seen := make(chan os.Signal, 1) // the first signal, for the exit status
+			signal.Notify(seen, os.Interrupt, syscall.SIGTERM)
+			defer signal.Stop(seen)
 			cs := commSettingsOf(job)
 			lf.checkWorld = func(world int) error { return train.CheckWorld(job, world) }
 			err = lf.distributed(ctx, cmd.OutOrStdout(), cs, func(w *launch.Worker) error {
@@ -137,9 +140,9 @@ for 3 steps in a row.`,
 			})
 			if errors.Is(err, context.Canceled) || errors.Is(err, launch.ErrInterrupted) {
 				if !train.SavesCheckpoints(job) {
-					return fmt.Errorf("%w (checkpoint.enable is off, so nothing was saved: the same command starts again from step 1)", errInterruptedUnsaved)
+					return interruptedBy(fmt.Errorf("%w (checkpoint.enable is off, so nothing was saved: the same command starts again from step 1)", errInterruptedUnsaved), seen)
 				}
-				return errInterrupted
+				return interruptedBy(errInterrupted, seen)
 			}
 			return err
 		},
