@@ -298,6 +298,9 @@ func (w *writer) flush(final bool, deadline time.Time) {
 	}
 	parent := context.Background()
 	if !final {
+		if w.r.ctx.Err() != nil {
+			return // Close has begun: its final flush takes the events
+		}
 		parent, deadline = w.r.ctx, time.Now().Add(o.OpTimeout)
 	}
 	ctx, cancel := context.WithDeadline(parent, deadline)
@@ -350,6 +353,11 @@ func (w *writer) flush(final bool, deadline time.Time) {
 // pending events.
 func (w *writer) fail(err error) {
 	o := w.r.opt
+	if errors.Is(err, context.Canceled) && w.r.ctx.Err() != nil {
+		// Close cancelled this flush to take over: not the store's fault,
+		// and its final flush writes the pending events.
+		return
+	}
 	if !w.down {
 		where := "memory"
 		if w.spool != nil {
