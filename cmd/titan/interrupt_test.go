@@ -69,3 +69,33 @@ func TestTerminateExitsWith143(t *testing.T) {
 		t.Fatalf("no checkpoint saved on SIGTERM\n%s", p.out)
 	}
 }
+
+// TestResumeWithAnotherBatchWarns: a checkpoint saved by two data ranks
+// resumed by one trains on with half the batch, which the resumed run's
+// log says, naming training.global_batch_size; with that key set to the
+// saved batch it says nothing.
+func TestResumeWithAnotherBatchWarns(t *testing.T) {
+	data := corpus(t)
+	for _, c := range []struct {
+		name string
+		sets []string
+		warn bool
+	}{
+		{"local batch", nil, true},
+		{"global batch", []string{"--set", "training.global_batch_size=4"}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dump := t.TempDir()
+			if out, err := titan(t, append(tinyRun(dump, data, 10), "--nproc", "2")...); err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			out, err := titan(t, append(tinyRun(dump, data, 12), c.sets...)...)
+			if err != nil || !strings.Contains(out, "resumed") {
+				t.Fatalf("resuming: %v\n%s", err, out)
+			}
+			if got := strings.Contains(out, "was saved by a run of 4 sequences a step; this one takes 2") && strings.Contains(out, "training.global_batch_size = 4"); got != c.warn {
+				t.Errorf("warning about the batch: %v, want %v\n%s", got, c.warn, out)
+			}
+		})
+	}
+}

@@ -232,7 +232,7 @@ func (tr *Trainer) snapshot(modelOnly bool) (func() error, error) {
 			return nil, err
 		}
 		if !modelOnly {
-			ts, _ := json.Marshal(trainState{Step: tr.Step, OptStep: tr.Opt.Step, Seed: tr.seed, Flavor: tr.Job.Model.Flavor, ElapsedS: tr.elapsedS()})
+			ts, _ := json.Marshal(trainState{Step: tr.Step, OptStep: tr.Opt.Step, Seed: tr.seed, Flavor: tr.Job.Model.Flavor, ElapsedS: tr.elapsedS(), GlobalBatch: tr.globalBatch()})
 			blobs[checkpoint.TrainStateBlob] = ts
 			ds, err := tr.Data.State()
 			if err != nil {

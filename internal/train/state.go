@@ -25,6 +25,9 @@ type trainState struct {
 	Seed     uint64  `json:"seed"`
 	Flavor   string  `json:"flavor"`
 	ElapsedS float64 `json:"elapsed_s"`
+	// GlobalBatch is the sequences of a step (0 in checkpoints from
+	// before 2026-12-07).
+	GlobalBatch int `json:"global_batch,omitempty"`
 }
 
 func checkpointDir(folder string, step int) string { return checkpoint.StepDir(folder, step) }
@@ -387,6 +390,10 @@ func (tr *Trainer) loadFull(r *checkpoint.Reader) error {
 	if !slices.Contains(exclude, "train_state") {
 		tr.Step, tr.seed, tr.elapsed = ts.Step, ts.Seed, ts.ElapsedS
 		tr.ck.lastFull = tr.Step
+	}
+	if now := tr.globalBatch(); ts.GlobalBatch > 0 && ts.GlobalBatch != now {
+		tr.note("titan: warning: checkpoint %s was saved by a run of %d sequences a step; this one takes %d (training.local_batch_size %d × %d data ranks × %d accumulated), so training goes on with another batch: set training.global_batch_size = %d to keep the saved one on any layout",
+			r.Dir, ts.GlobalBatch, now, tr.Job.Training.LocalBatchSize, tr.dataRanks(), tr.accum, ts.GlobalBatch)
 	}
 	if slices.Contains(exclude, "lr_scheduler") {
 		// The schedule starts again from its first step.

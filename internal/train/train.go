@@ -308,6 +308,12 @@ func (tr *Trainer) stateBytes() int64 {
 // read the same rows).
 func (tr *Trainer) dataRanks() int { return tr.groups.DataRanks() }
 
+// globalBatch is the sequences of a step: every data rank's accumulated
+// local batches.
+func (tr *Trainer) globalBatch() int {
+	return tr.accum * tr.Job.Training.LocalBatchSize * tr.dataRanks()
+}
+
 // acPolicy is the recipe's activation checkpointing policy, as logged.
 func (tr *Trainer) acPolicy() llama.ActivationCheckpoint { return acPolicy(tr.Job) }
 
@@ -448,7 +454,7 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 		batches = "1 local batch"
 	}
 	tr.log.Printf("titan: %s %s, %s parameters, %d sequences × %d tokens per step (%s of %d on each of %d data ranks), %s per rank, MFU against the job's peak of %.0f GFLOP/s, activation checkpointing %s (%.1f MiB of activations on rank 0)",
-		job.Model.Name, job.Model.Flavor, humanCount(numParams(tr.fam)), tr.accum*B*tr.dataRanks(), T, batches, B, tr.dataRanks(), tr.dev.Name, tr.peakFLOPS/1e9,
+		job.Model.Name, job.Model.Flavor, humanCount(numParams(tr.fam)), tr.globalBatch(), T, batches, B, tr.dataRanks(), tr.dev.Name, tr.peakFLOPS/1e9,
 		tr.acPolicy(), float64(tr.eng.Memory().ActivationBytes)/(1<<20))
 	tr.log.Printf("titan: optimizer %s (%s)", tr.Opt.Name(), tr.Opt.Implementation())
 	if tr.mesh != nil {
