@@ -183,6 +183,7 @@ func (tr *Trainer) restore() (err error) {
 		why = append(why, unloadable...)
 		return fmt.Errorf("checkpoint: %s holds no intact checkpoint to resume from, only damaged ones: %s; starting again from step 1 would discard them, so move them away (or choose another job.dump_folder) to train from scratch", tr.ckptFolder, strings.Join(why, "; "))
 	}
+	tr.note("titan: no checkpoint in %s: training from step 1", tr.ckptFolder)
 	return nil
 }
 
