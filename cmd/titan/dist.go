@@ -126,9 +126,7 @@ func (l *launchFlags) distributed(ctx context.Context, out io.Writer, cs commSet
 			// The dump folder's lock of an earlier round is stale.
 			checkpoint.ElasticRound.Job, checkpoint.ElasticRound.Round = id, round
 		}
-		if cs.TraceDir != "" {
-			defer comm.InstallFlightDumpOnSignal(cs.TraceDir)()
-		}
+		defer comm.InstallFlightDumpOnSignal(cs.TraceDir)()
 		w, err := launch.JoinOptions(ctx, spec, comm.Options{Timeout: cs.Timeout, InitTimeout: cs.InitTimeout, TraceDir: cs.TraceDir, FlightSize: cs.FlightSize})
 		if err != nil {
 			return err

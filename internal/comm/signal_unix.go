@@ -10,8 +10,10 @@ import (
 )
 
 // InstallFlightDumpOnSignal makes SIGUSR1 dump the flight recorders of
-// this process to dir (flight-rank<R>.json), e.g. when the launcher sees a
-// job hang. It returns a function that removes the handler.
+// this process to dir (flight-rank<R>.json), as the launcher asks when a
+// rank is lost (a hang); with dir empty it only says it cannot (SIGUSR1
+// would otherwise end the process). It returns a function that removes
+// the handler.
 func InstallFlightDumpOnSignal(dir string) (stop func()) {
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, syscall.SIGUSR1)
@@ -20,6 +22,10 @@ func InstallFlightDumpOnSignal(dir string) (stop func()) {
 		for {
 			select {
 			case <-ch:
+				if dir == "" {
+					fmt.Fprintln(os.Stderr, "comm: SIGUSR1: the flight recorders are not dumped (comm.save_traces_folder is empty)")
+					continue
+				}
 				if err := DumpFlight(dir, "SIGUSR1"); err != nil {
 					fmt.Fprintln(os.Stderr, err)
 				}

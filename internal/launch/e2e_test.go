@@ -17,6 +17,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -122,7 +123,11 @@ func fakeAllReduce() int {
 		w.Close(&fakeExit{code, fmt.Sprintf("fake failure of rank %d", w.Rank)})
 		return code
 	case post == "hang":
+		usr1 := make(chan os.Signal, 1)
+		signal.Notify(usr1, syscall.SIGUSR1)
 		fmt.Println("ready")
+		<-usr1
+		fmt.Println("SIGUSR1: flight recorder dump requested")
 		select {}
 	case post == "kill9":
 		fmt.Println("ready")
@@ -275,6 +280,13 @@ func TestLaunchLostRank(t *testing.T) {
 	}
 	if !regexp.MustCompile(`^rank 1 \(pid \d+\) was lost \(no heartbeats\)`).MatchString(err.Error()) {
 		t.Errorf("error %q does not name the lost rank", err)
+	}
+	// The ranks waiting for it are asked to dump their flight recorders
+	// before they are stopped.
+	for _, r := range []string{"0", "2"} {
+		if !strings.Contains(out.String(), "[rank "+r+"] SIGUSR1: flight recorder dump requested") {
+			t.Errorf("rank %s was not asked to dump its flight recorder\noutput:\n%s", r, out)
+		}
 	}
 }
 

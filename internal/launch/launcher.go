@@ -21,6 +21,10 @@ import (
 	"github.com/titan-go/titan/internal/control"
 )
 
+// flightGrace is how long workers get to dump their flight recorders
+// after SIGUSR1 when a rank was lost, before they are stopped.
+const flightGrace = 2 * time.Second
+
 // killGrace is how long workers get between SIGTERM and SIGKILL when the
 // launcher stops them; a variable for tests.
 var killGrace = 5 * time.Second
@@ -495,6 +499,14 @@ func causeRank(we *WorkerError) int {
 // workers.
 func (l *launcher) failed() {
 	l.settle = nil
+	if l.failure.Lost && !l.stopped {
+		// A lost rank is most often a hung one, and the others wait for it
+		// inside a collective: their flight recorders say which (titan
+		// debug flight), so they dump them (SIGUSR1) before being stopped.
+		l.logf("asking the workers to dump their flight recorders (SIGUSR1) before stopping them")
+		l.signalAll(syscall.SIGUSR1)
+		time.Sleep(flightGrace)
+	}
 	if l.onFail != nil {
 		l.logf("worker %v; stopping the workers", l.failure)
 		l.onFail(l.failure)
