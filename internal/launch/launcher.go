@@ -222,6 +222,9 @@ func (l *launcher) run(ctx context.Context) error {
 				return fmt.Errorf("launch: node rank 0 generated the job secret: %w", err)
 			}
 			secretPath = path
+			// The secret is this job's: it goes with it (a new job, or a
+			// relaunch, generates another).
+			defer os.Remove(path)
 		}
 		srv, err := control.NewServer(control.ServerConfig{
 			Addr: listen, JobID: jobID, Secret: secret, WorldSize: spec.NProcPerNode * spec.NNodes,
