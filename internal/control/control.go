@@ -53,11 +53,17 @@ const (
 	// EventLost: a rank stopped sending heartbeats for longer than
 	// ServerConfig.HeartbeatTimeout (Reason says how long it was silent).
 	EventLost = "lost"
+	// EventRefused: a connection failed the TLS handshake (a caller
+	// without the job's secret, or not speaking TLS); Rank is -1 and
+	// Reason names the caller's address and the error. At most one a
+	// second is delivered.
+	EventRefused = "refused"
 )
 
 // Event is a membership event for the launcher.
 type Event struct {
-	// Kind is one of EventJoined, EventLeft, EventExited or EventLost.
+	// Kind is one of EventJoined, EventLeft, EventExited, EventLost or
+	// EventRefused.
 	Kind string
 	// Rank is the global rank the event is about.
 	Rank int
@@ -77,6 +83,8 @@ func (e Event) String() string {
 		return fmt.Sprintf("rank %d exited with code %d", e.Rank, e.Code)
 	case EventLost:
 		return fmt.Sprintf("rank %d lost: %s", e.Rank, e.Reason)
+	case EventRefused:
+		return "refused a connection: " + e.Reason
 	default:
 		return fmt.Sprintf("rank %d %s", e.Rank, e.Kind)
 	}

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -77,9 +78,11 @@ type Server struct {
 	secretHash [sha256.Size]byte
 	jobHash    [sha256.Size]byte
 
-	stopped  chan struct{} // closed by Stop; releases every blocked call
-	stopOnce sync.Once
-	bg       sync.WaitGroup // event pump and heartbeat monitor
+	stopped chan struct{} // closed by Stop; releases every blocked call
+	// lastRefusal is when the last EventRefused went out (Unix ns).
+	lastRefusal atomic.Int64
+	stopOnce    sync.Once
+	bg          sync.WaitGroup // event pump and heartbeat monitor
 
 	mu sync.Mutex
 	// Rendezvous state. A future elastic mode would add a round number here
@@ -163,7 +166,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 	}
 	if cfg.TLS != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
+		opts = append(opts, grpc.Creds(refusals{credentials.NewTLS(cfg.TLS), s}))
 	}
 	s.grpc = grpc.NewServer(opts...)
 	pb.RegisterControlServer(s.grpc, &service{s: s})
@@ -681,4 +684,35 @@ func (v *service) ReportExit(_ context.Context, req *pb.ReportExitRequest) (*pb.
 	s.emit(Event{Kind: EventExited, Rank: rank, Code: int(req.Code), Reason: req.Reason})
 	s.mu.Unlock()
 	return &pb.ReportExitResponse{}, nil
+}
+
+// refusals are the server's TLS credentials, reporting each failed
+// handshake as an EventRefused (at most one a second), so that the
+// launcher hosting the job shows who knocked without the secret.
+type refusals struct {
+	credentials.TransportCredentials
+	s *Server
+}
+
+func (c refusals) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	out, info, err := c.TransportCredentials.ServerHandshake(conn)
+	if err != nil {
+		c.s.refused(conn.RemoteAddr(), err)
+	}
+	return out, info, err
+}
+
+func (c refusals) Clone() credentials.TransportCredentials {
+	return refusals{c.TransportCredentials.Clone(), c.s}
+}
+
+// refused emits an EventRefused for a failed handshake from addr, unless
+// one went out less than a second ago.
+func (s *Server) refused(addr net.Addr, err error) {
+	now := time.Now().UnixNano()
+	last := s.lastRefusal.Load()
+	if now-last < int64(time.Second) || !s.lastRefusal.CompareAndSwap(last, now) {
+		return
+	}
+	s.emit(Event{Kind: EventRefused, Rank: -1, Reason: fmt.Sprintf("%v: TLS handshake failed (%v)", addr, err)})
 }

@@ -442,6 +442,8 @@ func (l *launcher) exited(m exitMsg) {
 // event handles a membership event of the control server.
 func (l *launcher) event(ev control.Event) {
 	switch ev.Kind {
+	case control.EventRefused:
+		l.logf("control server: %v", ev)
 	case control.EventExited:
 		l.gone[ev.Rank] = true
 		if ev.Code == 0 {

@@ -180,6 +180,10 @@ func TestLaunchRefusesStrangers(t *testing.T) {
 		t.Fatalf("node 0: %v\nnode 1: %v\nnode 0 output:\n%s\nnode 1 output:\n%s", err0, err1, out0, out1)
 	}
 	checkAllReduced(t, out0.String()+out1.String(), 2, SourceTitanrun)
+	// The strangers' attempts show on the node hosting the job too.
+	if !strings.Contains(out0.String(), "control server: refused a connection: ") || !strings.Contains(out0.String(), "TLS handshake failed") {
+		t.Errorf("node 0's output does not show the refused connections:\n%s", out0)
+	}
 	outs = append(outs, out0.String(), out1.String())
 	checkSecretNotShown(t, secret, outs...)
 	checkSecretNotShown(t, staleSecret, outs...)
