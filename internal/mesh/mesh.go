@@ -49,12 +49,12 @@ func New(worldSize int, d Degrees) (*Mesh, error) {
 	}
 	if d.DPShard == -1 {
 		if worldSize%others != 0 {
-			return nil, fmt.Errorf("mesh: %d workers cannot be split over pp %d × dp_replicate %d × cp %d × tp %d = %d (data_parallel_shard_degree = -1 needs a whole quotient)", worldSize, d.PP, d.DPReplicate, d.CP, d.TP, others)
+			return nil, fmt.Errorf("mesh: %d workers cannot be split over pp %d × dp_replicate %d × cp %d × tp %d = %d (data_parallel_shard_degree = -1 needs a whole quotient: --nproc a multiple of %d)", worldSize, d.PP, d.DPReplicate, d.CP, d.TP, others, others)
 		}
 		d.DPShard = worldSize / others
 	}
 	if p := others * d.DPShard; p != worldSize {
-		return nil, fmt.Errorf("mesh: pp %d × dp_replicate %d × dp_shard %d × cp %d × tp %d = %d, but the job has %d workers; the product must equal the world size", d.PP, d.DPReplicate, d.DPShard, d.CP, d.TP, p, worldSize)
+		return nil, fmt.Errorf("mesh: pp %d × dp_replicate %d × dp_shard %d × cp %d × tp %d = %d, but the job has %d workers; the product must equal the world size (titan train --nproc %d on one host)", d.PP, d.DPReplicate, d.DPShard, d.CP, d.TP, p, worldSize, p)
 	}
 	return &Mesh{Degrees: d, WorldSize: worldSize}, nil
 }

@@ -23,6 +23,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/titan-go/titan/internal/livemetrics"
@@ -209,6 +210,9 @@ func Scrape(ctx context.Context, client *http.Client, u string) (View, error) {
 		return View{}, err
 	}
 	resp, err := client.Do(req)
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return View{}, fmt.Errorf("%w (is a job running with --metrics-addr on that address?)", err)
+	}
 	if err != nil {
 		return View{}, err
 	}
