@@ -103,7 +103,14 @@ for 3 steps in a row.`,
 			signal.Notify(seen, os.Interrupt, syscall.SIGTERM)
 			defer signal.Stop(seen)
 			cs := commSettingsOf(job)
-			lf.checkWorld = func(world int) error { return train.CheckWorld(job, world) }
+			lf.checkWorld = func(world int) error {
+				// Checked before any worker starts, so the error names the
+				// key once (every worker would fail on it).
+				if err := os.MkdirAll(job.Job.DumpFolder, 0o755); err != nil {
+					return fmt.Errorf("job.dump_folder: %w", err)
+				}
+				return train.CheckWorld(job, world)
+			}
 			err = lf.distributed(ctx, cmd.OutOrStdout(), cs, func(w *launch.Worker) error {
 				if w == nil || w.Rank == 0 {
 					if err := job.SaveConfigFile(); err != nil { // job.save_config_file
