@@ -260,9 +260,6 @@ func (l *launcher) supervise(ctx context.Context, sigs <-chan os.Signal, endpoin
 	if threads <= 0 {
 		threads = max(1, runtime.NumCPU()/spec.NProcPerNode)
 	}
-	l.logf("job %s: starting %d workers on node %d of %d (ranks %d..%d of %d, threads per worker %d), control plane %s",
-		jobID, spec.NProcPerNode, spec.NodeRank, spec.NNodes, spec.NodeRank*spec.NProcPerNode,
-		(spec.NodeRank+1)*spec.NProcPerNode-1, spec.NProcPerNode*spec.NNodes, threads, endpoint)
 
 	exits := make(chan exitMsg, spec.NProcPerNode)
 	l.byRank = make(map[int]*child)
@@ -279,6 +276,9 @@ func (l *launcher) supervise(ctx context.Context, sigs <-chan os.Signal, endpoin
 		return err
 	}
 	defer stopObs()
+	l.logf("job %s: starting %d workers on node %d of %d (ranks %d..%d of %d, threads per worker %d), control plane %s",
+		jobID, spec.NProcPerNode, spec.NodeRank, spec.NNodes, spec.NodeRank*spec.NProcPerNode,
+		(spec.NodeRank+1)*spec.NProcPerNode-1, spec.NProcPerNode*spec.NNodes, threads, endpoint)
 	for lr := range spec.NProcPerNode {
 		rank := spec.NodeRank*spec.NProcPerNode + lr
 		c := &child{rank: rank, localRank: lr}
