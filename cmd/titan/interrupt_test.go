@@ -16,28 +16,7 @@ import (
 // shell reports a command SIGINT ended (a failure exits 1); the same
 // command then resumes.
 func TestInterruptExitsWith130(t *testing.T) {
-	dump, data := t.TempDir(), corpus(t)
-	args := append(tinyRun(dump, data, 60), "--nproc", "2")
-	p := startTitan(t, nil, args...)
-	p.await(t, `step +3 `, 0)
-	if err := p.cmd.Process.Signal(os.Interrupt); err != nil {
-		t.Fatal(err)
-	}
-	var err error
-	select {
-	case err = <-p.done:
-		p.done <- err
-	case <-time.After(120 * time.Second):
-		t.Fatalf("no exit after SIGINT:\n%s", p.out)
-	}
-	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() != 130 || !strings.Contains(p.out.String(), "interrupted; resume with the same command") {
-		t.Fatalf("after SIGINT: %v, want exit status 130 and the resume hint\n%s", err, p.out)
-	}
-	steps, _ := filepath.Glob(filepath.Join(dump, "checkpoint", "step-*"))
-	if len(steps) == 0 {
-		t.Fatalf("no checkpoint saved on SIGINT\n%s", p.out)
-	}
+	dump, data := interrupted(t, os.Interrupt, 130)
 	out, err := titan(t, tinyRun(dump, data, 60)...)
 	if err != nil || !strings.Contains(out, "resum") || !strings.Contains(out, "step    60") {
 		t.Errorf("resuming after SIGINT: %v\n%s", err, out)
@@ -48,10 +27,18 @@ func TestInterruptExitsWith130(t *testing.T) {
 // preemption) saves a checkpoint too and exits with 128 + 15, so that a
 // scheduler tells it from a Ctrl-C.
 func TestTerminateExitsWith143(t *testing.T) {
-	dump, data := t.TempDir(), corpus(t)
+	interrupted(t, syscall.SIGTERM, 143)
+}
+
+// interrupted starts a two-worker run, sends the launcher sig at step 3
+// and checks that it exits with status want, printing the resume hint,
+// after saving a checkpoint; it returns the run's dump folder and corpus.
+func interrupted(t *testing.T, sig os.Signal, want int) (dump, data string) {
+	t.Helper()
+	dump, data = t.TempDir(), corpus(t)
 	p := startTitan(t, nil, append(tinyRun(dump, data, 60), "--nproc", "2")...)
 	p.await(t, `step +3 `, 0)
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := p.cmd.Process.Signal(sig); err != nil {
 		t.Fatal(err)
 	}
 	var err error
@@ -59,15 +46,16 @@ func TestTerminateExitsWith143(t *testing.T) {
 	case err = <-p.done:
 		p.done <- err
 	case <-time.After(120 * time.Second):
-		t.Fatalf("no exit after SIGTERM:\n%s", p.out)
+		t.Fatalf("no exit after %v:\n%s", sig, p.out)
 	}
 	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() != 143 || !strings.Contains(p.out.String(), "interrupted; resume with the same command") {
-		t.Fatalf("after SIGTERM: %v, want exit status 143 and the resume hint\n%s", err, p.out)
+	if !errors.As(err, &exit) || exit.ExitCode() != want || !strings.Contains(p.out.String(), "interrupted; resume with the same command") {
+		t.Fatalf("after %v: %v, want exit status %d and the resume hint\n%s", sig, err, want, p.out)
 	}
 	if steps, _ := filepath.Glob(filepath.Join(dump, "checkpoint", "step-*")); len(steps) == 0 {
-		t.Fatalf("no checkpoint saved on SIGTERM\n%s", p.out)
+		t.Fatalf("no checkpoint saved on %v\n%s", sig, p.out)
 	}
+	return dump, data
 }
 
 // TestResumeWithAnotherBatchWarns: a checkpoint saved by two data ranks

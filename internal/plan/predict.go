@@ -545,12 +545,7 @@ func timeShared(c cluster.Cluster, rt Runtime, sim pipeline.Timeline, busy float
 func pipelineGathers(sched pipeline.Schedule, reshard bool) float64 {
 	most := 0
 	for r := range sched.PP {
-		last := map[int]int{}
-		for i, a := range sched.Actions[r] {
-			if a.Kind == pipeline.Backward || a.Kind == pipeline.BackwardWeight {
-				last[a.Stage] = i
-			}
-		}
+		last := pipeline.LastGradients(sched.Actions[r])
 		gathered, n := map[int]bool{}, map[int]int{}
 		for i, a := range sched.Actions[r] {
 			if !gathered[a.Stage] {
@@ -827,8 +822,7 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 	case d.PP > 1:
 		gathers = pipelineGathers(sched, l.Reshard == "always")
 	}
-	reductions := 1.0
-	window := c0.Input + c0.Weight
+	window := c0.Input + c0.Weight // one reduction a step, beside the last microbatch's backward
 	shard, repl := d.ShardGroup(), d.ReplicateGroup()
 	// CPU mixed precision gathers and reduces bfloat16; rounding the
 	// shards (and widening what arrives) are element-wise passes.
@@ -852,17 +846,17 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 		link := groupLink(c, d, "dp_shard")
 		fag = ringTime(c, cal, rt, "all_gather", shard, link, share.params*agb)
 		frs = ringTime(c, cal, rt, "reduce_scatter", shard, link, share.params*rsb)
-		b.FSDPTotal = gathers*fag + reductions*frs
+		b.FSDPTotal = gathers*fag + frs
 		b.FSDP = b.FSDPTotal
 		if rt.Overlap {
-			b.FSDP = exposedDP(first, gathers, fag, reductions*frs, busy, window)
+			b.FSDP = exposedDP(first, gathers, fag, frs, busy, window)
 		}
 	}
 	if repl > 1 {
-		b.DPTotal = reductions * ringTime(c, cal, rt, "allreduce", repl, groupLink(c, d, "dp_replicate"), share.params/float64(shard)*rsb)
+		b.DPTotal = ringTime(c, cal, rt, "allreduce", repl, groupLink(c, d, "dp_replicate"), share.params/float64(shard)*rsb)
 		b.DP = b.DPTotal
 		if rt.Overlap {
-			b.DP = exposedDP(first, gathers, fag, reductions*frs+b.DPTotal, busy, window) - b.FSDP
+			b.DP = exposedDP(first, gathers, fag, frs+b.DPTotal, busy, window) - b.FSDP
 		}
 	}
 	b.Optimizer = share.params / float64(shard) * 4 * optimizerAccesses / r.ew

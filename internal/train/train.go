@@ -265,7 +265,8 @@ func CheckLayout(job *config.Job, fam model.Family) error {
 func checkParallelism(job *config.Job, fam model.Family, world int) (*mesh.Mesh, parallel.PipelinePlan, error) {
 	p := job.Parallelism
 	var none parallel.PipelinePlan
-	if _, err := fsdp.ParseReshard(p.FSDPReshardAfterForward); err != nil {
+	reshard, err := fsdp.ParseReshard(p.FSDPReshardAfterForward)
+	if err != nil {
 		return nil, none, fmt.Errorf("parallelism: %w", err)
 	}
 	pplan, err := parallel.PlanPipeline(fam.NumLayers(), job.Training.LocalBatchSize, pipelineSettings(job, fam))
@@ -279,8 +280,8 @@ func checkParallelism(job *config.Job, fam model.Family, world int) (*mesh.Mesh,
 	if p.EnableAsyncTensorParallel {
 		return nil, none, errors.New("parallelism.enable_async_tensor_parallel: not implemented yet (set it to false)")
 	}
-	if r := p.FSDPReshardAfterForward; r != "" && r != "default" && m.DPShard*m.CP == 1 {
-		return nil, none, fmt.Errorf("parallelism.fsdp_reshard_after_forward %q: nothing is sharded (data_parallel_shard_degree %d × context_parallel_degree %d = 1); leave it \"default\"", r, m.DPShard, m.CP)
+	if reshard != fsdp.ReshardDefault && m.DPShard*m.CP == 1 {
+		return nil, none, fmt.Errorf("parallelism.fsdp_reshard_after_forward %q: nothing is sharded (data_parallel_shard_degree %d × context_parallel_degree %d = 1); leave it \"default\"", p.FSDPReshardAfterForward, m.DPShard, m.CP)
 	}
 	if err := fam.Check(job.Training.SeqLen, m.TP, m.CP); err != nil {
 		return nil, none, err

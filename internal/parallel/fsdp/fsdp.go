@@ -228,7 +228,6 @@ type Runtime struct {
 	gAlloc int              // gradient buffers allocated
 	queue  []*reduction     // gradient reductions in flight, in issue order
 	nosync bool             // SetGradientSync(false): backwards accumulate
-	held   int              // units whose gbuf holds unreduced gradients between backwards
 	hbuf   []backend.Tensor // each unit's own gradient buffer for backwards without sync
 	hAlloc int              // of them allocated
 
@@ -586,7 +585,6 @@ func (r *Runtime) BeforeBackward(u int) error {
 		return err
 	}
 	if g := r.gbuf[u]; g.Mem != nil {
-		r.held--
 		r.bind(u, backend.Tensor{}, g)
 		return nil
 	}
@@ -637,8 +635,7 @@ func (r *Runtime) AfterBackward(u int) error {
 		return nil
 	}
 	if r.nosync {
-		r.held++
-		return nil
+		return nil // gbuf[u] holds them for the unit's next backward
 	}
 	r.reduceUnit(u)
 	return r.progress(r.blocking)
@@ -766,9 +763,8 @@ func (red *reduction) chunk(r *Runtime) comm.Buffer {
 // gradients) with gradient sync visits only the units with deferred
 // products, so the others' last backward ran without.
 func (r *Runtime) Finish() error {
-	for u := len(r.gbuf) - 1; u >= 0 && r.held > 0; u-- {
-		if r.gbuf[u].Mem != nil {
-			r.held--
+	for u := len(r.gbuf) - 1; u >= 0; u-- {
+		if r.gbuf[u].Mem != nil { // between backwards, only held units have one
 			r.reduceUnit(u)
 		}
 	}

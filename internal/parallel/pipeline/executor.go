@@ -100,9 +100,10 @@ type Executor struct {
 	GradientSync func(stage int, sync bool)
 }
 
-// lastGradients returns the index in list of each stage's last backward
-// action (Backward or BackwardWeight).
-func lastGradients(list []Action) map[int]int {
+// LastGradients returns the index in list (one rank's actions) of each
+// stage's last backward action (Backward or BackwardWeight): the one
+// that completes the stage's gradients of the pass.
+func LastGradients(list []Action) map[int]int {
 	last := map[int]int{}
 	for i, a := range list {
 		if a.Kind == Backward || a.Kind == BackwardWeight {
@@ -462,7 +463,7 @@ func (x *Executor) Run(actions [][]Action, inputs, labels []int32, per int, scal
 		x.stats.Time[a.Stage][a.Kind] += dt
 		x.stats.Count[a.Stage][a.Kind]++
 	}
-	last := lastGradients(actions[x.Rank])
+	last := LastGradients(actions[x.Rank])
 	for i, a := range actions[x.Rank] {
 		s, mb := a.Stage, a.Microbatch
 		if a.Kind != Forward && x.GradientSync != nil {
