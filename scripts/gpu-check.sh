@@ -18,7 +18,10 @@
 #   7. titan plan's GPU priors measured with PyTorch on this GPU
 #      (bench/plan/gpu_priors.py: attention and float8 rates against the
 #      bf16 matmul's, element-wise bandwidth), to check the ratios the
-#      planner assumes for the published H100 rows.
+#      planner assumes for the published H100 rows, and one context-
+#      parallel rank's ring attention at cp 1-8 (what of the published
+#      CP rows' growth one GPU reproduces). On its own:
+#      python3 bench/plan/gpu_priors.py (about 1-2 minutes).
 #
 # Every step has its own time limit, and a failing step does not stop the
 # later ones. Results (logs, JSON, summary.txt) go to $OUT when it is set,
@@ -113,15 +116,26 @@ t, p = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 print("titan / pytorch eager: tokens/s %.2fx; MFU titan %.1f%%, pytorch %.1f%% (targets: >= 1x, >= 34%%, goal 45%%)" % (
     t["tokens_per_sec"] / p["tokens_per_sec"], 100 * t["mfu"], 100 * p["mfu"]))' "$out/titan.json" "$out/torch.json" | tee -a "$summary"
 fi
-# 7. The planner's priors.
-if timeout 120 "$py" bench/plan/gpu_priors.py >"$out/plan-priors.json" 2>"$out/plan-priors.log"; then
+# 7. The planner's priors, and one context-parallel rank's ring attention.
+if timeout 240 "$py" bench/plan/gpu_priors.py >"$out/plan-priors.json" 2>"$out/plan-priors.log"; then
 	"$py" -c '
 import json, sys
 r = json.load(open(sys.argv[1]))
-attn = ", ".join("%s %.2f" % (k, v) for k, v in r["attention_rel"].items())
 f = lambda x: "%.2f" % x if x else "not measured"
+attn = ", ".join("%s %.2f" % (k, v) for k, v in r.get("attention_rel", {}).items()) or "not measured"
 print("titan plan priors on %s: attention/matmul %s (plan 0.60); float8 %s (plan 0.75); a TP8 rank'"'"'s products against the full width'"'"'s: bf16 %s, float8 %s (plan 1.00)" % (
-    r["device"], attn, f(r["fp8_rel"]), f(r["matmul_tp8_bf16_rel"]), f(r["matmul_tp8_fp8_rel"])))' "$out/plan-priors.json" | tee -a "$summary"
+    r["device"], attn, f(r.get("fp8_rel")), f(r.get("matmul_tp8_bf16_rel")), f(r.get("matmul_tp8_fp8_rel"))))
+d = r.get("attention_default_backend", {})
+flash = [a for a in r.get("attention", []) if isinstance(a, dict) and a["shape"] == d.get("shape")]
+if flash and "error" not in d:
+    print("CP1 shape %s: SDPA default backend %.0f TFLOP/s fwd+bwd, flash alone %.0f" % (d["shape"], d["forward_backward_flops_per_s"] / 1e12, flash[0]["forward_backward_flops_per_s"] / 1e12))
+for k in ("ring", "ring_filled"):
+    g = r.get(k, {})
+    if "cp" in g:
+        print("%s: one rank'"'"'s attention time per block against cp 1 (published: about 1.2x at cp 2, 1.9-2x at cp 4 and 8): %s" % (k,
+            ", ".join("cp %s %.2fx (%d allocator retries)" % (c, v["per_block_vs_cp1"], v["alloc_retries"]) for c, v in g["cp"].items())))
+if r.get("errors"):
+    print("parts that failed: %s (see plan-priors.json)" % ", ".join(r["errors"]))' "$out/plan-priors.json" | tee -a "$summary"
 else
 	note "plan priors: FAILED ($(elapsed)):"
 	tail -n 10 "$out/plan-priors.log" 2>/dev/null | tee -a "$summary"
