@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -200,5 +202,51 @@ func TestRunsFlagsRefused(t *testing.T) {
 		if _, err := titan(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: %v, want an error naming %q", tc.args, err, tc.want)
 		}
+	}
+}
+
+// TestResumedRunsShareALineage: a run that resumes from its dump folder's
+// checkpoint is a run of its own, and titan runs show lists both runs of
+// the folder with the steps each trained.
+func TestResumedRunsShareALineage(t *testing.T) {
+	data := corpus(t)
+	db := filepath.Join(t.TempDir(), "runs.db")
+	dump := t.TempDir()
+	for _, steps := range []string{"3", "5"} {
+		args := append(keysBase(dump, data), "--set", "metrics.db="+db, "--set", "checkpoint.enable=true",
+			"--set", "checkpoint.interval=3", "--set", "training.steps="+steps)
+		if out, err := titan(t, args...); err != nil {
+			t.Fatalf("train to step %s: %v\n%s", steps, err, out)
+		}
+	}
+	out, err := titan(t, "runs", "list", "--json", "--db", db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string // newest first
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		var r struct {
+			ID string `json:"id"`
+		}
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, r.ID)
+	}
+	if len(ids) != 2 {
+		t.Fatalf("%d runs recorded, want 2:\n%s", len(ids), out)
+	}
+	out, err = titan(t, "runs", "show", ids[0], "--db", db)
+	if err != nil || !strings.Contains(out, "2 runs in this dump folder") ||
+		!regexp.MustCompile(regexp.QuoteMeta(ids[1])+` +finished +1-3 `).MatchString(out) ||
+		!regexp.MustCompile(regexp.QuoteMeta(ids[0])+` +finished +4-5 +.*\(this run\)`).MatchString(out) {
+		t.Errorf("runs show of the resumed run: %v\n%s", err, out)
+	}
+	out, err = titan(t, "runs", "show", ids[1], "--json", "--db", db)
+	var shown struct {
+		Lineage []string `json:"lineage"`
+	}
+	if err != nil || json.Unmarshal([]byte(out), &shown) != nil || !slices.Equal(shown.Lineage, []string{ids[1], ids[0]}) {
+		t.Errorf("runs show --json lineage: %v %v, want [%s %s]\n%s", err, shown.Lineage, ids[1], ids[0], out)
 	}
 }

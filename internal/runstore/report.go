@@ -73,15 +73,28 @@ func Show(ctx context.Context, w io.Writer, s *Store, id string, o ShowOptions) 
 	if err != nil {
 		return err
 	}
+	var lineage []Summary
+	if r.DumpFolder != "" {
+		if lineage, err = s.Lineage(ctx, r.DumpFolder); err != nil {
+			return err
+		}
+	}
 	if o.JSON {
 		js := make([]jsonStep, len(steps))
 		for i, st := range steps {
 			js[i] = toJSONStep(st)
 		}
+		ids := make([]string, len(lineage))
+		for i, l := range lineage {
+			ids[i] = l.ID
+		}
 		return jsonLines(w, []any{struct {
 			Run   Run        `json:"run"`
 			Steps []jsonStep `json:"steps"`
-		}{r, js}})
+			// Lineage is the IDs of the runs in the run's dump folder,
+			// oldest first (itself included).
+			Lineage []string `json:"lineage"`
+		}{r, js, ids}})
 	}
 	tw := newTable(w)
 	status := string(r.Status)
@@ -120,6 +133,11 @@ func Show(ctx context.Context, w io.Writer, s *Store, id string, o ShowOptions) 
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if len(lineage) > 1 {
+		if err := showLineage(w, lineage, r.ID); err != nil {
+			return err
+		}
+	}
 	if len(steps) == 0 {
 		return nil
 	}
@@ -133,6 +151,26 @@ func Show(ctx context.Context, w io.Writer, s *Store, id string, o ShowOptions) 
 		}
 		fmt.Fprintf(tw, "%d\t%.4f\t%.4f\t%.3e\t%.0f\t%.4f\t%.2f\t%.3f\t%.3f\t%d\t%.1f\t%s\n", st.Step, st.Loss, st.GradNorm, st.LR,
 			st.TokensPerSec, st.TFLOPs, st.MFU, st.MemGiB, st.StateGiB, st.GatheredUnits, st.ElapsedS, val)
+	}
+	return tw.Flush()
+}
+
+// showLineage prints the runs of one dump folder (a job's resumes and
+// elastic rounds), oldest first, marking run id.
+func showLineage(w io.Writer, lineage []Summary, id string) error {
+	fmt.Fprintf(w, "\n%d runs in this dump folder, oldest first (every resume and elastic round is a run):\n", len(lineage))
+	tw := newTable(w)
+	fmt.Fprintln(tw, "RUN\tSTATUS\tLOGGED STEPS\tSTARTED\t")
+	for _, l := range lineage {
+		steps := "-"
+		if l.Steps > 0 {
+			steps = fmt.Sprintf("%d-%d", l.FirstStep, l.LastStep)
+		}
+		this := ""
+		if l.ID == id {
+			this = "(this run)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", l.ID, l.Status, steps, l.StartedAt.Local().Format("2006-01-02 15:04:05"), this)
 	}
 	return tw.Flush()
 }

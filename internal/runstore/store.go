@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -592,9 +593,11 @@ func (s *Store) Steps(ctx context.Context, id string) ([]metrics.Record, error) 
 // pointers are nil for a run without logged steps.
 type Summary struct {
 	Run
-	// Steps is the number of logged steps; LastStep the last one.
-	Steps    int `json:"steps"`
-	LastStep int `json:"last_step"`
+	// Steps is the number of logged steps; FirstStep and LastStep the
+	// first and the last one (a resumed run starts after its checkpoint).
+	Steps     int `json:"steps"`
+	FirstStep int `json:"first_step"`
+	LastStep  int `json:"last_step"`
 	// FinalLoss is the loss of the last logged step.
 	FinalLoss *float64 `json:"final_loss"`
 	// MeanTokensPerSec and MeanMFU average the logged steps after the
@@ -615,7 +618,7 @@ rate AS (
 	SELECT m.run_id, avg(m.tokens_per_sec) AS tps, avg(m.mfu) AS mfu
 	FROM metrics m JOIN agg a ON a.run_id = m.run_id
 	WHERE m.step > a.first_step OR a.n = 1 GROUP BY m.run_id)
-SELECT ` + runCols + `, coalesce(a.n, 0), coalesce(a.last_step, 0), f.loss, rate.tps, rate.mfu, a.peak_mem
+SELECT ` + runCols + `, coalesce(a.n, 0), coalesce(a.first_step, 0), coalesce(a.last_step, 0), f.loss, rate.tps, rate.mfu, a.peak_mem
 FROM runs r JOIN page p ON p.run_id = r.run_id
 LEFT JOIN agg a ON a.run_id = r.run_id
 LEFT JOIN metrics f ON f.run_id = r.run_id AND f.step = a.last_step
@@ -665,6 +668,16 @@ func (s *Store) Summaries(ctx context.Context, ids []string) ([]Summary, error) 
 	return out, nil
 }
 
+// Lineage returns the summaries of the runs recorded with dump folder
+// dir, oldest first: one training job's processes, as every resume and
+// every elastic round (a restart of the workers after a failure) is a run
+// of its own that continues from the folder's checkpoint.
+func (s *Store) Lineage(ctx context.Context, dir string) ([]Summary, error) {
+	got, err := s.summaries(ctx, `SELECT run_id FROM runs WHERE dump_folder = ?`, []any{dir})
+	slices.Reverse(got)
+	return got, err
+}
+
 func (s *Store) summaries(ctx context.Context, page string, args []any) ([]Summary, error) {
 	rows, err := s.db.QueryContext(ctx, s.q(fmt.Sprintf(summaryQuery, page)), args...)
 	if err != nil {
@@ -675,7 +688,7 @@ func (s *Store) summaries(ctx context.Context, page string, args []any) ([]Summa
 	for rows.Next() {
 		var sm Summary
 		var loss, tps, mfu, mem sql.NullFloat64
-		r, err := scanRun(rows, &sm.Steps, &sm.LastStep, &loss, &tps, &mfu, &mem)
+		r, err := scanRun(rows, &sm.Steps, &sm.FirstStep, &sm.LastStep, &loss, &tps, &mfu, &mem)
 		if err != nil {
 			return nil, s.wrap(err)
 		}

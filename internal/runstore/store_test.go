@@ -1,6 +1,7 @@
 package runstore
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -11,6 +12,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -535,6 +538,64 @@ func TestReconcile(t *testing.T) {
 			}
 			if n, err := s.Reconcile(ctx, "here", now, StaleAfter); err != nil || n != 0 {
 				t.Errorf("second Reconcile marked %d (%v), want 0", n, err)
+			}
+		})
+	}
+}
+
+// TestLineage: the runs of one dump folder (a job interrupted, resumed,
+// then restarted by an elastic round) come back oldest first with the
+// steps each trained; a run of another folder is not among them, and
+// titan runs show lists them, marking the run shown.
+func TestLineage(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := ctxT(t)
+			s := openT(t, b.fresh(t))
+			t0 := time.Date(2026, 12, 7, 6, 0, 0, 0, time.UTC)
+			steps := testSteps(9)
+			for i, tc := range []struct {
+				id, dir    string
+				first, end int
+			}{
+				{"20261207-060000-aaaa", "/job", 1, 3},
+				{"20261207-060100-bbbb", "/other", 1, 9},
+				{"20261207-060200-cccc", "/job", 4, 6},
+				{"20261207-060300-dddd", "/job", 7, 9},
+			} {
+				r := testRun(tc.id, t0.Add(time.Duration(i)*time.Minute))
+				r.DumpFolder = tc.dir
+				if err := s.PutRun(ctx, r); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.PutSteps(ctx, r.ID, steps[tc.first-1:tc.end]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := s.Lineage(ctx, "/job")
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := []string{"aaaa 1-3", "cccc 4-6", "dddd 7-9"}
+			var have []string
+			for _, g := range got {
+				have = append(have, fmt.Sprintf("%s %d-%d", g.ID[len(g.ID)-4:], g.FirstStep, g.LastStep))
+			}
+			if !slices.Equal(have, want) {
+				t.Errorf("lineage of /job: %v, want %v", have, want)
+			}
+			var buf bytes.Buffer
+			if err := Show(ctx, &buf, s, "20261207-060200-cccc", ShowOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			out := buf.String()
+			if !strings.Contains(out, "3 runs in this dump folder") || !regexp.MustCompile(`cccc +\S+ +4-6 +.*\(this run\)`).MatchString(out) ||
+				!regexp.MustCompile(`aaaa +\S+ +1-3 `).MatchString(out) || strings.Contains(out, "bbbb") {
+				t.Errorf("runs show:\n%s", out)
+			}
+			buf.Reset()
+			if err := Show(ctx, &buf, s, "20261207-060100-bbbb", ShowOptions{}); err != nil || strings.Contains(buf.String(), "runs in this dump folder") {
+				t.Errorf("runs show of a folder's only run lists a lineage: %v\n%s", err, buf.String())
 			}
 		})
 	}
