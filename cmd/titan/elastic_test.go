@@ -4,12 +4,14 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -18,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/titan-go/titan/internal/runstore"
 	"github.com/titan-go/titan/internal/testenv"
 )
 
@@ -165,7 +168,8 @@ func TestKilledWorkerRestartsBitwise(t *testing.T) {
 		t.Run(fmt.Sprintf("nproc%d", nproc), func(t *testing.T) {
 			ref := uninterrupted(t, data, nproc)
 			dump := t.TempDir()
-			p := startTitan(t, nil, append(elasticRun(dump, data), "--nproc", strconv.Itoa(nproc), "--max-restarts", "1")...)
+			db := filepath.Join(t.TempDir(), "runs.db")
+			p := startTitan(t, nil, append(set(elasticRun(dump, data), "metrics.db="+db), "--nproc", strconv.Itoa(nproc), "--max-restarts", "1")...)
 			m, off := p.await(t, roundNotice, 0)
 			victim := pidsOf(m[5])[1]
 			p.await(t, `\[rank 0\] step +6 `, off)
@@ -181,6 +185,7 @@ func TestKilledWorkerRestartsBitwise(t *testing.T) {
 			if !regexp.MustCompile(`\[rank 0\] titan: resumed from \S+step-(4|8|12)`).MatchString(out) {
 				t.Errorf("the restarted workers did not resume from a checkpoint")
 			}
+			checkRounds(t, db)
 			got := losses(t, dump)
 			same := 0
 			for step := 1; step <= elasticSteps; step++ {
@@ -196,6 +201,29 @@ func TestKilledWorkerRestartsBitwise(t *testing.T) {
 			}
 		})
 	}
+}
+
+// checkRounds: the run store holds the two rounds of a restarted job as
+// the lineage of its dump folder: the round whose worker was killed
+// ended without finishing, the restarted one finished.
+func checkRounds(t *testing.T, db string) {
+	t.Helper()
+	s, err := runstore.OpenExisting(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	runs, err := s.List(context.Background(), 0)
+	if err != nil || len(runs) != 2 {
+		t.Fatalf("run store: %d runs, %v; want the 2 rounds", len(runs), err)
+	}
+	lin, err := s.Lineage(context.Background(), runs[0].DumpFolder)
+	if err != nil || len(lin) != 2 || lin[0].Status == runstore.Finished || lin[1].Status != runstore.Finished ||
+		lin[1].FirstStep <= 1 || lin[1].LastStep != elasticSteps {
+		t.Errorf("lineage of the restarted job: %v %+v; want a round that did not finish, then one that trained from its checkpoint to step %d", err, lin, elasticSteps)
+		return
+	}
+	t.Logf("run store: round 1 %s at step %d (%s), round 2 %s, steps %d-%d", lin[0].Status, lin[0].LastStep, lin[0].Error, lin[1].Status, lin[1].FirstStep, lin[1].LastStep)
 }
 
 // closeTo checks losses within 1e-5 relative at every step.
