@@ -136,6 +136,15 @@ for k in ("ring", "ring_filled"):
             ", ".join("cp %s %.2fx (%d allocator retries)" % (c, v["per_block_vs_cp1"], v["alloc_retries"]) for c, v in g["cp"].items())))
 if r.get("errors"):
     print("parts that failed: %s (see plan-priors.json)" % ", ".join(r["errors"]))' "$out/plan-priors.json" | tee -a "$summary"
+	# The published rows again, under the priors this GPU measured.
+	if bin/titan plan --reference --priors "$out/plan-priors.json" >"$out/plan-reference-measured.txt" 2>&1; then
+		note "titan plan --reference under these priors: $out/plan-reference-measured.txt"
+		head -n 2 "$out/plan-reference-measured.txt" | tee -a "$summary"
+		grep -E '^\| [0-9A-Z] \|' "$out/plan-reference-measured.txt" | tee -a "$summary"
+	else
+		note "titan plan --reference --priors: FAILED:"
+		tail -n 3 "$out/plan-reference-measured.txt" | tee -a "$summary"
+	fi
 else
 	note "plan priors: FAILED ($(elapsed)):"
 	tail -n 10 "$out/plan-priors.log" 2>/dev/null | tee -a "$summary"

@@ -52,7 +52,8 @@ torch 1.13 included, with a plain softmax in place of flash attention), so
 that the one run a lent GPU allows is not lost to a mistake in this script:
 its figures mean nothing.
 
-    python3 bench/plan/gpu_priors.py [--hbm-bytes-per-s 3.35e12]
+    python3 bench/plan/gpu_priors.py [--hbm-bytes-per-s 3.35e12] > priors.json
+    titan plan --reference --priors priors.json   # the published rows under them
     python3 bench/plan/gpu_priors.py --smoke
 """
 
@@ -394,6 +395,16 @@ def ring_check(dev, cp=4, s=32, heads=2, hd=8):
     return worst
 
 
+# Memory bandwidth (bytes/s) by the device names torch reports, from the
+# vendors' data sheets, for the element-wise fraction.
+HBM = [("H100 80GB HBM3", 3.35e12), ("H100 PCIe", 2.0e12), ("H100 NVL", 3.9e12), ("H200", 4.8e12),
+       ("A100-SXM4-80GB", 2.039e12), ("A100 80GB PCIe", 1.935e12), ("A100-SXM4-40GB", 1.555e12), ("B200", 8.0e12)]
+
+
+def hbm_of(name):
+    return next((bw for key, bw in HBM if key in name), 0)
+
+
 def part(results, name, fn):
     """Runs one measurement; a failure is recorded, not fatal, so that the
     other parts of the one GPU run still report."""
@@ -408,7 +419,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=16384, help="rows of the products (8B FSDP8: local batch 2 x 8192)")
     ap.add_argument("--fp8-peak-ratio", type=float, default=2.0, help="float8 dense peak over bf16 dense peak (2 on Hopper)")
-    ap.add_argument("--hbm-bytes-per-s", type=float, default=0, help="the GPU's memory bandwidth, for the element-wise fraction (0: not computed)")
+    ap.add_argument("--hbm-bytes-per-s", type=float, default=None,
+                    help="the GPU's memory bandwidth, for the element-wise fraction (default: from the device's name where known; 0: not computed)")
     ap.add_argument("--smoke", action="store_true", help="toy shapes on any device: checks that the script runs, measures nothing")
     args = ap.parse_args()
     if args.smoke:
@@ -452,8 +464,10 @@ def main():
         if isinstance(res.get("attention"), list):
             res["attention_rel"] = {a["shape"]: a["forward_backward_flops_per_s"] / bf16 for a in res["attention"]}
         res["fp8_rel"] = fp8 / bf16 / args.fp8_peak_ratio if fp8 else None
-    if args.hbm_bytes_per_s > 0 and "error" not in res.get("elementwise", {"error": 1}):
-        res["elementwise_fraction"] = {k: v / args.hbm_bytes_per_s for k, v in res["elementwise"].items()}
+    hbm = args.hbm_bytes_per_s if args.hbm_bytes_per_s is not None else hbm_of(res["device"])
+    res["hbm_bytes_per_s"] = hbm or None
+    if hbm > 0 and "error" not in res.get("elementwise", {"error": 1}):
+        res["elementwise_fraction"] = {k: v / hbm for k, v in res["elementwise"].items()}
     res["plan_priors"] = {"attention_rel": 0.60, "fp8_rel": 0.75, "elementwise": 0.70}
     print(json.dumps(res, indent=1))
 

@@ -17,7 +17,7 @@ import (
 
 func newPlanCmd() *cobra.Command {
 	var rf recipeFlags
-	var clusterRef, calPath, plotPath string
+	var clusterRef, calPath, plotPath, priorsPath string
 	var world, top, maxCP, maxTP int
 	var calNProcs []int
 	var headroom float64
@@ -39,7 +39,10 @@ its collectives, a short training step, and that step run side by side by as
 many processes as ranks would share the host (up to its cores); the file goes
 under the user's cache folder, or --calibration / $TITAN_PLAN_CALIBRATION). GPU clusters are
 calibrated from one published configuration only (torchtitan's Llama 3.1 8B
-on 8 H100 with FSDP); --reference predicts every other published row.
+on 8 H100 with FSDP), with the efficiencies that row cannot separate from the
+matmul's (attention, float8, element-wise, communication) set by priors:
+assumed, or measured on a GPU by bench/plan/gpu_priors.py (--priors, its
+JSON); --reference predicts every other published row.
 
 --search enumerates dp_replicate, dp_shard, tp, pp with each schedule and
 microbatch size, cp and activation checkpointing, keeping the recipe's global
@@ -54,7 +57,9 @@ needs; --search instead proposes layouts that fit.`,
   titan plan --recipe recipes/llama3_8b.toml --cluster h100-sxm --world 16
   titan plan --recipe recipes/llama3_70b.toml --cluster h100-grandteton --world 256 --compile --float8 --search
   titan plan --reference
-  titan plan --reference --plot bench/plan/published.png`,
+  titan plan --reference --plot bench/plan/published.png
+  python3 bench/plan/gpu_priors.py --hbm-bytes-per-s 3.35e12 > priors.json   # on a GPU
+  titan plan --reference --priors priors.json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			out := cmd.OutOrStdout()
@@ -69,10 +74,14 @@ needs; --search instead proposes layouts that fit.`,
 				if cmd.Flags().Changed("plot") && plotPath == "" {
 					return errors.New("plan: --plot: give the PNG file to draw into")
 				}
-				if err := onlyFlags(cmd, "reference", "--reference predicts torchtitan's published rows on their own cluster ("+plan.ReferenceCluster+"), and", "json", "plot"); err != nil {
+				if err := onlyFlags(cmd, "reference", "--reference predicts torchtitan's published rows on their own cluster ("+plan.ReferenceCluster+"), and", "json", "plot", "priors"); err != nil {
 					return err
 				}
-				return runReference(out, plotPath, asJSON)
+				pr, err := loadPriors(priorsPath)
+				if err != nil {
+					return err
+				}
+				return runReference(out, plotPath, asJSON, pr)
 			}
 			for _, f := range []struct{ name, mode string }{{"plot", "--reference"}, {"calibrate-nproc", "--calibrate"},
 				{"top", "--search"}, {"max-tp", "--search"}, {"max-cp", "--search"}, {"headroom", "--search"}} {
@@ -80,7 +89,11 @@ needs; --search instead proposes layouts that fit.`,
 					return fmt.Errorf("plan: --%s goes with %s", f.name, f.mode)
 				}
 			}
-			c, cal, err := plan.LoadCluster(clusterRef, calPath)
+			pr, err := loadPriors(priorsPath)
+			if err != nil {
+				return err
+			}
+			c, cal, err := plan.LoadCluster(clusterRef, calPath, pr)
 			if err != nil {
 				return err
 			}
@@ -113,6 +126,7 @@ needs; --search instead proposes layouts that fit.`,
 	f.BoolVar(&calibrate, "calibrate", false, "benchmark this machine's kernels and collectives and write the calibration")
 	f.IntSliceVar(&calNProcs, "calibrate-nproc", []int{2, 4}, "process counts --calibrate measures the collectives (and ring attention at that cp) of")
 	f.BoolVar(&reference, "reference", false, "predict torchtitan's published H100 rows from the calibration row and compare")
+	f.StringVar(&priorsPath, "priors", "", "GPU priors measured by bench/plan/gpu_priors.py (its JSON) in place of the assumed ones, for a GPU cluster or --reference")
 	f.StringVar(&plotPath, "plot", "", "with --reference: also draw predicted against published (tokens/s and memory) into this PNG file")
 	f.BoolVar(&compile, "compile", false, "GPU: fused element-wise kernels (torch.compile)")
 	f.BoolVar(&float8, "float8", false, "GPU: float8 linear layers (the same as --set model.converters=float8; the float8.* keys apply)")
@@ -120,11 +134,19 @@ needs; --search instead proposes layouts that fit.`,
 	return cmd
 }
 
-// runReference predicts torchtitan's published rows and writes them
-// against their published figures, as a table or JSON, and as a plot
-// into plotPath when it is set.
-func runReference(out io.Writer, plotPath string, asJSON bool) error {
-	rs, cal, err := plan.CompareReference()
+// loadPriors reads the GPU priors of --priors (AssumedPriors without it).
+func loadPriors(path string) (plan.Priors, error) {
+	if path == "" {
+		return plan.AssumedPriors, nil
+	}
+	return plan.LoadPriors(path)
+}
+
+// runReference predicts torchtitan's published rows under priors pr and
+// writes them against their published figures, as a table or JSON, and
+// as a plot into plotPath when it is set.
+func runReference(out io.Writer, plotPath string, asJSON bool, pr plan.Priors) error {
+	rs, cal, err := plan.CompareReference(pr)
 	if err != nil {
 		return err
 	}

@@ -75,6 +75,7 @@ func TestPlanErrors(t *testing.T) {
 		return path
 	}
 	gpuCal, noPeak := calFile("gpu.json", "h100-sxm", 3e11), calFile("nopeak.json", "cpu-2core", 0)
+	priors := writePriors(t)
 	for _, c := range []struct {
 		args []string
 		want string
@@ -106,6 +107,10 @@ func TestPlanErrors(t *testing.T) {
 		{[]string{"plan", "--calibrate", "--recipe", "../../recipes/llama3_8b.toml"}, "takes no --recipe"},
 		{[]string{"plan", "--reference", "--calibrate-nproc", "2"}, "takes no --calibrate-nproc"},
 		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-grandteton", "--world", "8", "--calibration", gpuCal}, "GPU cluster"},
+		// GPU priors: for a GPU cluster or --reference only.
+		{[]string{"plan", "--recipe", "../../recipes/llama3_debug.toml", "--cluster", "this", "--priors", priors}, "--priors: a GPU's priors"},
+		{[]string{"plan", "--calibrate", "--priors", priors}, "takes no --priors"},
+		{[]string{"plan", "--reference", "--priors", filepath.Join(t.TempDir(), "none.json")}, "--priors"},
 		// The recipe's layout needs more than the device has: the
 		// prediction is written, and the command fails.
 		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-sxm", "--world", "8"}, "does not fit on h100-sxm: it needs 82.40 GiB of the device's 80.00 GiB, 76.95 GiB of tensors"},
@@ -118,6 +123,44 @@ func TestPlanErrors(t *testing.T) {
 		if strings.Contains(c.want, "does not fit") && !strings.Contains(out, "82.4") {
 			t.Errorf("%v: the prediction was not written before the error:\n%s", c.args, out)
 		}
+	}
+}
+
+// writePriors writes priors as a GPU's run of bench/plan/gpu_priors.py
+// prints them (attention at 0.5 of the matmul's rate at the reference
+// row's shape, float8 0.8).
+func writePriors(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "priors.json")
+	body := `{"device": "NVIDIA H100 80GB HBM3", "smoke": false, "attention_rel": {"2x32x8192x8192x128 causal": 0.5}, "fp8_rel": 0.8}`
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestPlanPriors: --priors puts a GPU's measured priors in the GPU
+// calibration, for --reference and for a recipe on a GPU cluster, and
+// says so.
+func TestPlanPriors(t *testing.T) {
+	priors := writePriors(t)
+	out, err := titan(t, "plan", "--reference", "--priors", priors)
+	if err != nil || !strings.Contains(out, "priors (attention, float8 measured on NVIDIA H100 80GB HBM3 (priors.json), the rest assumed) attention 0.50×matmul, float8 0.80×matmul") {
+		t.Errorf("plan --reference --priors: %v\n%.600s", err, out)
+	}
+	out, err = titan(t, "plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-sxm", "--world", "16", "--priors", priors, "--json")
+	var got struct {
+		Calibration struct {
+			Matmul    float64 `json:"matmul_efficiency"`
+			Attention float64 `json:"attention_efficiency"`
+			Priors    struct {
+				Source string `json:"source"`
+			} `json:"priors"`
+		} `json:"calibration"`
+	}
+	if err != nil || json.Unmarshal([]byte(out), &got) != nil || math.Abs(got.Calibration.Attention/got.Calibration.Matmul-0.5) > 1e-9 ||
+		!strings.Contains(got.Calibration.Priors.Source, "measured on NVIDIA H100") {
+		t.Errorf("plan --priors --json: %v %+v\n%.600s", err, got, out)
 	}
 }
 

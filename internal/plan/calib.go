@@ -74,6 +74,18 @@ type Calibration struct {
 	HostPeak float64 `json:"host_peak_flops,omitempty"`
 	// Created is when the calibration was made (RFC 3339).
 	Created string `json:"created,omitempty"`
+	// Priors, on a GPU cluster, are the priors CalibrateGPU set before
+	// fitting the reference row (nil on a CPU host).
+	Priors *Priors `json:"priors,omitempty"`
+}
+
+// gpuPriors are the priors of a GPU calibration (AssumedPriors when it
+// records none).
+func (c Calibration) gpuPriors() Priors {
+	if c.Priors != nil {
+		return *c.Priors
+	}
+	return AssumedPriors
 }
 
 // OnHost returns CPU cluster cl with the peaks the calibration's

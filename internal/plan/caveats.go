@@ -31,9 +31,10 @@ var caveats = []caveat{
 // Caveats returns, for each kind of layout among ps that the step model
 // is known to predict poorly on a GPU cluster, one line naming the kind
 // and torchtitan's published rows of that kind with their errors, as
-// titan plan --reference computes them now. CPU predictions have none:
-// this machine's layouts are checked by bench/plan/measure.sh.
-func Caveats(ps ...Prediction) ([]string, error) {
+// titan plan --reference computes them now under the priors of cal (the
+// calibration ps were made with). CPU predictions have none: this
+// machine's layouts are checked by bench/plan/measure.sh.
+func Caveats(cal Calibration, ps ...Prediction) ([]string, error) {
 	var kinds []caveat
 	for _, k := range caveats {
 		for _, p := range ps {
@@ -46,7 +47,7 @@ func Caveats(ps ...Prediction) ([]string, error) {
 	if len(kinds) == 0 {
 		return nil, nil
 	}
-	rs, _, err := CompareReference()
+	rs, _, err := CompareReference(cal.gpuPriors())
 	if err != nil {
 		return nil, err
 	}

@@ -3,11 +3,15 @@ package plan
 import (
 	"context"
 	"encoding/json"
+	"math"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/titan-go/titan/internal/cluster"
 	"github.com/titan-go/titan/internal/testenv"
 )
 
@@ -68,5 +72,92 @@ func TestGPUPriorsScriptRuns(t *testing.T) {
 	}
 	if len(res.Attention) != 4 || !(res.BF16 > 0) {
 		t.Errorf("attention shapes %d (want 4), bf16 matmul rate %g", len(res.Attention), res.BF16)
+	}
+}
+
+// TestLoadPriors: a GPU's measured priors (gpu_priors.py's JSON) replace
+// the assumed ones in the GPU calibration, which still reproduces its
+// reference row; what was not measured stays assumed; a smoke run, a
+// CPU's figures, a missing shape and a ratio that is no efficiency are
+// refused naming the file.
+func TestLoadPriors(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	measured := write("h100.json", `{"device": "NVIDIA H100 80GB HBM3", "smoke": false,
+		"attention_rel": {"2x32x8192x8192x128 causal": 0.5, "1x32x32768x32768x128 causal": 0.7},
+		"fp8_rel": 0.8, "elementwise_fraction": {"bf16_add_bytes_per_s": 0.85, "fp32_merge_bytes_per_s": 0.6}}`)
+	p, err := LoadPriors(measured)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Priors{AttentionRel: 0.5, FP8Rel: 0.8, Elementwise: 0.85, Comm: AssumedPriors.Comm}
+	if got := p; got.AttentionRel != want.AttentionRel || got.FP8Rel != want.FP8Rel || got.Elementwise != want.Elementwise || got.Comm != want.Comm ||
+		!strings.Contains(p.Source, "attention, float8, element-wise measured on NVIDIA H100 80GB HBM3 (h100.json)") {
+		t.Errorf("priors %+v, want %+v measured on the H100", p, want)
+	}
+	gpu, err := cluster.Load(ReferenceCluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cal, err := CalibrateGPU(gpu, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := cal.Attention / cal.Matmul; math.Abs(r-0.5) > 1e-12 || math.Abs(cal.MatmulFP8/cal.Matmul-0.8) > 1e-12 || cal.Elementwise != 0.85 || cal.Comm != 0.8 ||
+		cal.Priors == nil || *cal.Priors != p || !strings.Contains(cal.Source, "priors (attention, float8, element-wise measured on") {
+		t.Errorf("calibration under measured priors: %+v", cal)
+	}
+	rs, cal2, err := CompareReference(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assumed, _, err := CompareReference(AssumedPriors)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cal2.Matmul != cal.Matmul {
+		t.Errorf("CompareReference calibrated matmul %g, CalibrateGPU %g", cal2.Matmul, cal.Matmul)
+	}
+	moved := 0
+	for i, r := range rs {
+		if r.Row.Name == ReferenceRow && math.Abs(r.TPSErr) > 1e-6 {
+			t.Errorf("the reference row under measured priors: %+.4f%%, want 0", 100*r.TPSErr)
+		}
+		if r.Prediction.TokensPerDevice != assumed[i].Prediction.TokensPerDevice {
+			moved++
+		}
+	}
+	if moved == 0 {
+		t.Error("no published row moved with the priors")
+	}
+
+	fp8Missing := write("nofp8.json", `{"device": "NVIDIA A100", "attention_rel": {"2x32x8192x8192x128 causal": 0.55}, "fp8_rel": null}`)
+	if p, err := LoadPriors(fp8Missing); err != nil || p.FP8Rel != AssumedPriors.FP8Rel || p.Elementwise != AssumedPriors.Elementwise ||
+		!strings.HasPrefix(p.Source, "attention measured on NVIDIA A100") {
+		t.Errorf("priors without float8 and element-wise: %+v, %v; want those assumed", p, err)
+	}
+	for _, tc := range []struct{ name, body, want string }{
+		{"smoke.json", `{"device": "cpu", "smoke": true, "attention_rel": {"2x32x8192x8192x128 causal": 0.5}}`, "--smoke"},
+		{"cpu.json", `{"device": "cpu", "attention_rel": {"2x32x8192x8192x128 causal": 0.5}}`, `no GPU measured these (device "cpu")`},
+		{"shape.json", `{"device": "GPU", "attention_rel": {"1x32x32768x32768x128 causal": 0.5}}`, `attention_rel has no "2x32x8192x8192x128 causal"`},
+		{"range.json", `{"device": "GPU", "attention_rel": {"2x32x8192x8192x128 causal": 0.5}, "fp8_rel": 3}`, "fp8_rel 3 is not an efficiency ratio"},
+		{"bad.json", `{"device": `, "not gpu_priors.py's JSON"},
+	} {
+		path := write(tc.name, tc.body)
+		if _, err := LoadPriors(path); err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), path) {
+			t.Errorf("%s: %v, want an error naming the file and %q", tc.name, err, tc.want)
+		}
+	}
+	if _, err := LoadPriors(filepath.Join(dir, "none.json")); err == nil || !strings.Contains(err.Error(), "--priors") {
+		t.Errorf("a missing file: %v", err)
+	}
+	if _, _, err := LoadCluster("cpu-2core", "", p); err == nil || !strings.Contains(err.Error(), "--priors") {
+		t.Errorf("priors on a CPU host: %v, want refused naming --priors", err)
 	}
 }

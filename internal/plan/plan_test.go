@@ -45,7 +45,7 @@ func deg(pp, rep, shard, cp, tp int) memplan.Degrees {
 // referencePredictions are the published rows' predictions by name.
 func referencePredictions(t *testing.T) map[string]Prediction {
 	t.Helper()
-	rs, _, err := CompareReference()
+	rs, _, err := CompareReference(AssumedPriors)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -435,7 +435,7 @@ var publishedBounds = map[string][2]float64{
 // published H100 tables: calibrated on the 8B FSDP8 row alone, the
 // other rows may not drift beyond what the README claims.
 func TestPublishedRows(t *testing.T) {
-	rs, _, err := CompareReference()
+	rs, _, err := CompareReference(AssumedPriors)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -527,7 +527,7 @@ func TestPipelineGradHold(t *testing.T) {
 // the gain torchtitan measured (128 / 100), and the memory Interleaved
 // saves within 15% of the published saving.
 func TestPublishedScheduleGain(t *testing.T) {
-	rs, _, err := CompareReference()
+	rs, _, err := CompareReference(AssumedPriors)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -559,7 +559,7 @@ func TestPublishedScheduleGain(t *testing.T) {
 // and titan's: FSDP over the 8 cp ranks holds the same parameter shard
 // as FSDP over 8 dp_shard ranks, with no replicate all-reduce.
 func TestPublishedMeshShardsOverCP(t *testing.T) {
-	rs, _, err := CompareReference()
+	rs, _, err := CompareReference(AssumedPriors)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -580,7 +580,7 @@ func TestPublishedMeshShardsOverCP(t *testing.T) {
 // GPUs enumerates the published layout and ranks nothing slower above
 // it.
 func TestSearchCoversThePublishedLayout(t *testing.T) {
-	rs, cal, err := CompareReference()
+	rs, cal, err := CompareReference(AssumedPriors)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -811,7 +811,7 @@ func h100(t *testing.T) (cluster.Cluster, Calibration) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cal, err := CalibrateGPU(gpu)
+	cal, err := CalibrateGPU(gpu, AssumedPriors)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -823,7 +823,7 @@ func h100(t *testing.T) (cluster.Cluster, Calibration) {
 // rank's with PyTorch's loss (the rank that computes it), and none
 // without pipeline parallelism.
 func TestRankMemory(t *testing.T) {
-	rs, cal, err := CompareReference()
+	rs, cal, err := CompareReference(AssumedPriors)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -959,7 +959,7 @@ func TestOpRecompute(t *testing.T) {
 // pipeline parallelism it is a whole number of one stage layer's
 // microbatch outputs.
 func TestTorchSACSaved(t *testing.T) {
-	rs, _, err := CompareReference()
+	rs, _, err := CompareReference(AssumedPriors)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1109,7 +1109,7 @@ func TestAsyncTPLeavesSummedReduceScatters(t *testing.T) {
 	row := referencePredictions(t)
 	sync, async := row["70B FSDP32 TP8"], row["70B FSDP32 TP8 +asyncTP"]
 	c := async.Cluster
-	cal, err := CalibrateGPU(c)
+	cal, err := CalibrateGPU(c, AssumedPriors)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1133,7 +1133,7 @@ func TestFloat8GathersGradients(t *testing.T) {
 	row := referencePredictions(t)
 	bf, f8 := row["70B FSDP32 TP8 bf16"], row["70B FSDP32 TP8 float8"]
 	c := f8.Cluster
-	cal, err := CalibrateGPU(c)
+	cal, err := CalibrateGPU(c, AssumedPriors)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1215,7 +1215,7 @@ func TestAsyncTPHidesEachCollectiveBehindItsProducts(t *testing.T) {
 	rows := referencePredictions(t)
 	sync, async := rows["8B FSDP8 TP8 bf16"], rows["8B FSDP8 TP8 bf16 +asyncTP"]
 	c := async.Cluster
-	cal, err := CalibrateGPU(c)
+	cal, err := CalibrateGPU(c, AssumedPriors)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1246,7 +1246,7 @@ func TestCaveats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cal, err := CalibrateGPU(gpu)
+	cal, err := CalibrateGPU(gpu, AssumedPriors)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1280,7 +1280,7 @@ func TestCaveats(t *testing.T) {
 		{"debug TP4 on this machine", []Prediction{cpu}, nil},
 		{"a search's top: one line a kind", []Prediction{plain, cp4, cp4}, []string{"context parallelism:"}},
 	} {
-		got, err := Caveats(tc.ps...)
+		got, err := Caveats(cal, tc.ps...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1406,7 +1406,7 @@ func TestDataParallelCommWindows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cal, err := CalibrateGPU(c)
+	cal, err := CalibrateGPU(c, AssumedPriors)
 	if err != nil {
 		t.Fatal(err)
 	}

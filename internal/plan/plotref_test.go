@@ -16,7 +16,7 @@ import (
 // counts taken from CompareReference, so the plot tells what the table
 // tells.
 func TestReferencePlot(t *testing.T) {
-	rs, _, err := CompareReference()
+	rs, _, err := CompareReference(AssumedPriors)
 	if err != nil {
 		t.Fatal(err)
 	}

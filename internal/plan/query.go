@@ -97,7 +97,7 @@ func Answer(w io.Writer, job *config.Job, c cluster.Cluster, cal Calibration, q 
 	if err != nil {
 		return err
 	}
-	caveats, err := Caveats(p)
+	caveats, err := Caveats(cal, p)
 	if err != nil {
 		return err
 	}
@@ -140,7 +140,7 @@ func writeSearchAnswer(w io.Writer, r SearchResult, cal Calibration, asJSON bool
 	for _, t := range r.Top {
 		top = append(top, t.Prediction)
 	}
-	caveats, err := Caveats(top...)
+	caveats, err := Caveats(cal, top...)
 	if err != nil {
 		return err
 	}
@@ -176,8 +176,9 @@ func (c Candidate) json() JSONPrediction {
 // path, or ThisMachine) with its calibration: for a CPU host the file
 // `titan plan --calibrate` wrote (CalibrationPath(calPath)), which must
 // have been made on that host; for a GPU cluster the published reference
-// row (CalibrateGPU).
-func LoadCluster(ref, calPath string) (cluster.Cluster, Calibration, error) {
+// row (CalibrateGPU) under priors pr (AssumedPriors, or a GPU's measured:
+// LoadPriors), which a CPU host refuses.
+func LoadCluster(ref, calPath string, pr Priors) (cluster.Cluster, Calibration, error) {
 	if ref == "" {
 		return cluster.Cluster{}, Calibration{}, fmt.Errorf("--cluster: give one of %v, %q or a .toml path", cluster.Names(), ThisMachine)
 	}
@@ -191,9 +192,12 @@ func LoadCluster(ref, calPath string) (cluster.Cluster, Calibration, error) {
 			if calPath != "" {
 				return cluster.Cluster{}, Calibration{}, fmt.Errorf("plan: --calibration %s: the option names a CPU host's calibration file, and cluster %s is a GPU cluster, calibrated from the published reference row", calPath, c.Name)
 			}
-			cal, err := CalibrateGPU(c)
+			cal, err := CalibrateGPU(c, pr)
 			return c, cal, err
 		}
+	}
+	if pr != AssumedPriors {
+		return cluster.Cluster{}, Calibration{}, fmt.Errorf("plan: --priors: a GPU's priors (%s), and cluster %s is a CPU host, calibrated by measuring it (titan plan --calibrate)", pr.Source, ref)
 	}
 	path, err := CalibrationPath(calPath)
 	if err != nil {

@@ -1,7 +1,10 @@
 package plan
 
 import (
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -38,19 +41,83 @@ const ReferenceCluster = "h100-grandteton"
 // on 8 H100s with FSDP (table 1, no compile, no float8).
 const ReferenceRow = "8B FSDP8"
 
-// GPU priors: the efficiencies the published rows cannot tell apart from
-// the matmul efficiency, fixed before any row is looked at. Attention
-// (flash attention's causal FLOPs) runs at attentionRel of the matmul
-// efficiency, float8 products at fp8Rel of it (of the float8 peak),
-// element-wise kernels at gpuElementwise of the memory bandwidth and
-// collectives at gpuComm of the link bandwidth (NCCL's bus bandwidth
-// against NVLink's and a NIC's line rate).
-const (
-	attentionRel   = 0.6
-	fp8Rel         = 0.75
-	gpuElementwise = 0.7
-	gpuComm        = 0.8
-)
+// Priors are the efficiencies a GPU calibration cannot tell apart from the
+// matmul efficiency on its one reference row, set before the row is
+// fitted: attention (flash attention's causal FLOPs) at AttentionRel of
+// the matmul efficiency, float8 products at FP8Rel of it (of the float8
+// peak), element-wise kernels at Elementwise of the memory bandwidth and
+// collectives at Comm of the link bandwidth (NCCL's bus bandwidth against
+// NVLink's and a NIC's line rate).
+type Priors struct {
+	AttentionRel float64 `json:"attention_rel"`
+	FP8Rel       float64 `json:"fp8_rel"`
+	Elementwise  float64 `json:"elementwise"`
+	Comm         float64 `json:"comm"`
+	// Source says where they come from: AssumedPriors' "assumed", or the
+	// file and the device that measured them (LoadPriors).
+	Source string `json:"source"`
+}
+
+// AssumedPriors were fixed before any published row was looked at.
+var AssumedPriors = Priors{AttentionRel: 0.6, FP8Rel: 0.75, Elementwise: 0.7, Comm: 0.8, Source: "assumed"}
+
+// PriorsShape is the attention shape of gpu_priors.py whose rate over the
+// bf16 matmul's is the attention prior: the reference row's (table 1:
+// local batch 2 × 8192 tokens, Llama 3.1 8B's 32 heads of 128, causal).
+const PriorsShape = "2x32x8192x8192x128 causal"
+
+// LoadPriors reads the priors bench/plan/gpu_priors.py measured on a GPU
+// (its JSON output): attention's rate over the bf16 matmul's at
+// PriorsShape, float8's efficiency over bf16's, and the fraction of the
+// memory bandwidth a bf16 add reaches (present when the script was given
+// the GPU's bandwidth). What it did not measure keeps its assumed value,
+// and so does communication, which takes several GPUs; Source says which.
+func LoadPriors(path string) (Priors, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Priors{}, fmt.Errorf("plan: --priors: %w", err)
+	}
+	var m struct {
+		Smoke        bool               `json:"smoke"`
+		Device       string             `json:"device"`
+		AttentionRel map[string]float64 `json:"attention_rel"`
+		FP8Rel       *float64           `json:"fp8_rel"`
+		Elementwise  map[string]float64 `json:"elementwise_fraction"`
+	}
+	if err := json.Unmarshal(data, &m); err != nil {
+		return Priors{}, fmt.Errorf("plan: --priors %s: not gpu_priors.py's JSON: %w", path, err)
+	}
+	switch {
+	case m.Smoke:
+		return Priors{}, fmt.Errorf("plan: --priors %s: made with gpu_priors.py --smoke, at toy shapes: it measures nothing", path)
+	case m.Device == "" || m.Device == "cpu":
+		return Priors{}, fmt.Errorf("plan: --priors %s: no GPU measured these (device %q)", path, m.Device)
+	}
+	p := AssumedPriors
+	measured := []string{"attention"}
+	var ok bool
+	if p.AttentionRel, ok = m.AttentionRel[PriorsShape]; !ok {
+		return Priors{}, fmt.Errorf("plan: --priors %s: attention_rel has no %q (the reference row's shape)", path, PriorsShape)
+	}
+	if m.FP8Rel != nil {
+		p.FP8Rel = *m.FP8Rel
+		measured = append(measured, "float8")
+	}
+	if f, ok := m.Elementwise["bf16_add_bytes_per_s"]; ok {
+		p.Elementwise = f
+		measured = append(measured, "element-wise")
+	}
+	for _, v := range []struct {
+		name string
+		x    float64
+	}{{"attention_rel", p.AttentionRel}, {"fp8_rel", p.FP8Rel}, {"elementwise_fraction", p.Elementwise}} {
+		if !(v.x > 0 && v.x <= 1.5) {
+			return Priors{}, fmt.Errorf("plan: --priors %s: %s %g is not an efficiency ratio (0 to 1.5)", path, v.name, v.x)
+		}
+	}
+	p.Source = fmt.Sprintf("%s measured on %s (%s), the rest assumed", strings.Join(measured, ", "), m.Device, filepath.Base(path))
+	return p, nil
+}
 
 func flavor(name string, seq int) llama.Config {
 	c, err := llama.Flavor(name)
@@ -137,8 +204,8 @@ const histNote = "compile assumed on (async TP requires it; the source does not 
 // the matmul efficiency that makes the predicted tokens/s equal the
 // published one and the memory factor that makes the predicted memory
 // equal the published peak, the other efficiencies set from it by the
-// priors above.
-func CalibrateGPU(c cluster.Cluster) (Calibration, error) {
+// priors pr (AssumedPriors, or a GPU's measured by LoadPriors).
+func CalibrateGPU(c cluster.Cluster, pr Priors) (Calibration, error) {
 	var ref Published
 	for _, r := range PublishedRows() {
 		if r.Name == ReferenceRow {
@@ -147,9 +214,10 @@ func CalibrateGPU(c cluster.Cluster) (Calibration, error) {
 	}
 	cal := func(mm float64) Calibration {
 		return Calibration{
-			Source:  fmt.Sprintf("torchtitan's published %s row (%.0f tokens/s/GPU, %.1f GiB) on %s, priors attention %.2f×matmul, float8 %.2f×matmul, elementwise %.2f, comm %.2f", ref.Name, ref.TPS, ref.MemGiB, ReferenceCluster, attentionRel, fp8Rel, gpuElementwise, gpuComm),
-			Cluster: c.Name, Matmul: mm, MatmulFP8: fp8Rel * mm, Attention: attentionRel * mm,
-			Elementwise: gpuElementwise, Comm: gpuComm, MemoryFactor: 1,
+			Source: fmt.Sprintf("torchtitan's published %s row (%.0f tokens/s/GPU, %.1f GiB) on %s, priors (%s) attention %.2f×matmul, float8 %.2f×matmul, elementwise %.2f, comm %.2f",
+				ref.Name, ref.TPS, ref.MemGiB, ReferenceCluster, pr.Source, pr.AttentionRel, pr.FP8Rel, pr.Elementwise, pr.Comm),
+			Cluster: c.Name, Matmul: mm, MatmulFP8: pr.FP8Rel * mm, Attention: pr.AttentionRel * mm,
+			Elementwise: pr.Elementwise, Comm: pr.Comm, MemoryFactor: 1, Priors: &pr,
 		}
 	}
 	refCluster, err := cluster.Load(ReferenceCluster)
@@ -198,13 +266,13 @@ type RowResult struct {
 }
 
 // CompareReference predicts every published row with the calibration
-// from the reference row.
-func CompareReference() ([]RowResult, Calibration, error) {
+// from the reference row under priors pr.
+func CompareReference(pr Priors) ([]RowResult, Calibration, error) {
 	c, err := cluster.Load(ReferenceCluster)
 	if err != nil {
 		return nil, Calibration{}, err
 	}
-	cal, err := CalibrateGPU(c)
+	cal, err := CalibrateGPU(c, pr)
 	if err != nil {
 		return nil, Calibration{}, err
 	}
