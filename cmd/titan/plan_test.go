@@ -176,12 +176,19 @@ func TestPlanCalibrateThisMachine(t *testing.T) {
 	}
 	// The in-step probe ran: a training step's rate against the kernels'.
 	// So did the host peak, which MFU is then taken against.
+	// So did the probes under activation checkpointing.
 	var written struct {
-		InStep   float64 `json:"in_step_factor"`
-		HostPeak float64 `json:"host_peak_flops"`
+		InStep    float64 `json:"in_step_factor"`
+		HostPeak  float64 `json:"host_peak_flops"`
+		ACSpeedup []struct {
+			Mode    string  `json:"mode"`
+			Speedup float64 `json:"speedup"`
+		} `json:"ac_speedup"`
 	}
-	if data, err := os.ReadFile(cal); err != nil || json.Unmarshal(data, &written) != nil || !(written.InStep > 0) || !(written.HostPeak > 0) {
-		t.Errorf("calibration %s: in_step_factor %g, host_peak_flops %g (%v)", cal, written.InStep, written.HostPeak, err)
+	if data, err := os.ReadFile(cal); err != nil || json.Unmarshal(data, &written) != nil || !(written.InStep > 0) || !(written.HostPeak > 0) ||
+		len(written.ACSpeedup) != 2 || written.ACSpeedup[0].Mode != "selective op" || written.ACSpeedup[1].Mode != "full" ||
+		!(written.ACSpeedup[0].Speedup > 0) || !(written.ACSpeedup[1].Speedup > 0) {
+		t.Errorf("calibration %s: in_step_factor %g, host_peak_flops %g, ac_speedup %+v (%v)", cal, written.InStep, written.HostPeak, written.ACSpeedup, err)
 	}
 	out, err := titan(t, "plan", "--recipe", "../../recipes/llama3_debug.toml", "--cluster", "this", "--calibration", cal, "--world", "2",
 		"--set", "parallelism.tensor_parallel_degree=2", "--set", "parallelism.data_parallel_shard_degree=1")

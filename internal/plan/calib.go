@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 
 	"github.com/titan-go/titan/internal/cluster"
 	"github.com/titan-go/titan/internal/memplan"
@@ -66,6 +67,17 @@ type Calibration struct {
 	// the threads, at the slowest one's pace; a one-thread rank pays no
 	// thread barriers). Without a figure for n, 1.
 	Shared []SharedRate `json:"shared,omitempty"`
+	// ACSpeedup, on a CPU host, is how much faster a training step under
+	// an activation checkpointing policy computed than the rates above
+	// predict (measureInStep: the step probe under each policy, its
+	// tokens/s over the probe's without checkpointing, against the same
+	// ratio predicted). The recomputation writes a layer's activations
+	// and its backward reads them right after, from the caches, where a
+	// step without checkpointing reads what its forward wrote a whole
+	// pass earlier; the policy's smaller working set also leaves the
+	// caches more of the weights (bench/plan/README.md). None measured:
+	// 1.
+	ACSpeedup []ACRate `json:"ac_speedup,omitempty"`
 	// HostPeak, on a CPU host, is the float32 GEMM peak titan train
 	// measures MFU against (cpu.HostPeakFLOPS); the efficiencies above
 	// are fractions of it, and OnHost puts it in place of the cluster
@@ -121,6 +133,43 @@ func (c Calibration) ring(cp int, bf16 bool) (float64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// ACRate is the compute speedup of a training step under one activation
+// checkpointing policy (Calibration.ACSpeedup): Mode "full" or
+// "selective op".
+type ACRate struct {
+	Mode    string  `json:"mode"`
+	Speedup float64 `json:"speedup"`
+}
+
+// acProbes are the policies measureInStep measures ACSpeedup under, as
+// ACRate.Mode names them.
+var acProbes = []memplan.Checkpoint{{Mode: "selective", Option: "op"}, {Mode: "full"}}
+
+// acSpeedup is the compute speedup of policy ac (Calibration.ACSpeedup):
+// per-layer selective checkpointing every nth layer takes the full
+// policy's on its share of the layers; a policy not measured, 1.
+func (c Calibration) acSpeedup(ac memplan.Checkpoint) float64 {
+	rate := func(mode string) float64 {
+		for _, r := range c.ACSpeedup {
+			if r.Mode == mode {
+				return r.Speedup
+			}
+		}
+		return 1
+	}
+	switch {
+	case ac.Mode == "full":
+		return rate("full")
+	case ac.Mode == "selective" && ac.Option == "op":
+		return rate(ac.String())
+	case ac.Mode == "selective":
+		if every, err := strconv.Atoi(ac.Option); err == nil && every > 0 {
+			return 1 + (rate("full")-1)/float64(every)
+		}
+	}
+	return 1
 }
 
 // SharedRate is the compute speedup of each of NProc ranks sharing a
@@ -188,6 +237,11 @@ func (c Calibration) Validate() error {
 	for _, r := range c.RingAttention {
 		if r.CP < 2 || !(r.Efficiency > 0) || !(r.EfficiencyBF16 > 0) {
 			return fmt.Errorf("plan: calibration ring_attention at cp %d: efficiency %g, efficiency_bf16 %g must be > 0", r.CP, r.Efficiency, r.EfficiencyBF16)
+		}
+	}
+	for _, r := range c.ACSpeedup {
+		if !slices.ContainsFunc(acProbes, func(p memplan.Checkpoint) bool { return p.String() == r.Mode }) || !(r.Speedup > 0.5 && r.Speedup < 2) {
+			return fmt.Errorf("plan: calibration ac_speedup %q: %g, want a policy of %v and a speedup in (0.5, 2)", r.Mode, r.Speedup, acProbes)
 		}
 	}
 	for _, r := range c.Shared {

@@ -121,10 +121,11 @@ func CalibrateCPU(ctx context.Context, c cluster.Cluster, o CalibrateOptions) (C
 	}
 	cal.MemoryFactor, cal.MemoryBase = factor, base
 	logf("process memory: %.3f × memplan's estimate + %s", factor, bytesize.Human(int64(base)))
-	inStep, predicted, measured, err := measureInStep(ctx, o, c, cal)
+	inStep, predicted, measured, acSpeedup, err := measureInStep(ctx, o, c, cal)
 	if err != nil {
 		return cal, err
 	}
+	cal.ACSpeedup = acSpeedup
 	cal.Matmul, cal.Attention, cal.Elementwise = cal.Matmul/inStep, cal.Attention/inStep, cal.Elementwise/inStep
 	cal.MatmulBF16, cal.AttentionBF16 = cal.MatmulBF16/inStep, cal.AttentionBF16/inStep
 	for i := range cal.RingAttention {
@@ -133,6 +134,9 @@ func CalibrateCPU(ctx context.Context, c cluster.Cluster, o CalibrateOptions) (C
 	}
 	cal.InStep = inStep
 	logf("in a training step (%s, %d × %d, 1 process, %d steps, median of %d runs): %.0f tokens/s against %.0f from the kernels alone: compute efficiencies divided by %.3f", o.Flavor, o.Batch, o.SeqLen, stepProbeSteps, stepProbeRuns, measured, predicted, inStep)
+	for _, r := range acSpeedup {
+		logf("under activation checkpointing %s the same step computed %.3f× as fast as the rates predict (median of %d runs, each against the run without)", r.Mode, r.Speedup, stepProbeRuns)
+	}
 	for _, n := range o.NProcs {
 		if n > k.threads {
 			// More ranks than cores take turns on them, and a rank that
@@ -158,11 +162,21 @@ func CalibrateCPU(ctx context.Context, c cluster.Cluster, o CalibrateOptions) (C
 const stepProbeSteps = 12
 
 // stepProbe is measureInStep's job: the model and batch shape whose
-// kernels the calibration timed, in one process.
+// kernels the calibration timed, in one process, without activation
+// checkpointing.
 func stepProbe(o CalibrateOptions) []string {
-	return []string{"model.flavor=" + o.Flavor, "training.local_batch_size=" + strconv.Itoa(o.Batch), "training.seq_len=" + strconv.Itoa(o.SeqLen),
+	return acProbe(o, memplan.Checkpoint{Mode: "none"})
+}
+
+// acProbe is the step probe under activation checkpointing policy ac.
+func acProbe(o CalibrateOptions, ac memplan.Checkpoint) []string {
+	sets := []string{"model.flavor=" + o.Flavor, "training.local_batch_size=" + strconv.Itoa(o.Batch), "training.seq_len=" + strconv.Itoa(o.SeqLen),
 		"training.steps=" + strconv.Itoa(stepProbeSteps), "metrics.log_freq=4", "checkpoint.enable=false",
-		"validation.enable=false", "activation_checkpoint.mode=none"}
+		"validation.enable=false", "activation_checkpoint.mode=" + ac.Mode}
+	if ac.Option != "" {
+		sets = append(sets, "activation_checkpoint.selective_ac_option="+ac.Option)
+	}
+	return sets
 }
 
 // measureInStep trains the step probe in one process and returns how
@@ -178,37 +192,68 @@ func stepProbe(o CalibrateOptions) []string {
 // probe is the model the kernels were timed on. The compute
 // efficiencies are divided by it; communication is measured separately
 // and is not.
-func measureInStep(ctx context.Context, o CalibrateOptions, c cluster.Cluster, cal Calibration) (inStep, predicted, measured float64, err error) {
-	probe := stepProbe(o)
-	job, err := config.Load("", probe, nil)
-	if err != nil {
-		return 0, 0, 0, fmt.Errorf("plan: calibrate: the step probe: %w", err)
+//
+// Each run of the probe is followed by the same probe under each
+// policy of acProbes, and acSpeedup is how much faster than predicted
+// each ran (Calibration.ACSpeedup): the median over the runs of its
+// tokens/s over the run's without checkpointing, against the predicted
+// ratio. Taken within a run, the ratio leaves out the host's drift.
+func measureInStep(ctx context.Context, o CalibrateOptions, c cluster.Cluster, cal Calibration) (inStep, predicted, measured float64, acSpeedup []ACRate, err error) {
+	predictProbe := func(ac memplan.Checkpoint) (float64, error) {
+		job, err := config.Load("", acProbe(o, ac), nil)
+		if err != nil {
+			return 0, fmt.Errorf("plan: calibrate: the step probe: %w", err)
+		}
+		j, err := FromRecipe(job, 1)
+		if err != nil {
+			return 0, fmt.Errorf("plan: calibrate: the step probe: %w", err)
+		}
+		pred, err := Predict(j, c, cal)
+		if err != nil {
+			return 0, fmt.Errorf("plan: calibrate: the step probe: %w", err)
+		}
+		return pred.TokensPerDevice, nil
 	}
-	j, err := FromRecipe(job, 1)
-	if err != nil {
-		return 0, 0, 0, fmt.Errorf("plan: calibrate: the step probe: %w", err)
+	run := func(ac memplan.Checkpoint) (float64, error) {
+		data, err := trainProbe(ctx, o.Exe, acProbe(o, ac))
+		if err != nil {
+			return 0, err
+		}
+		return probeTPS(data, 0)
 	}
-	pred, err := Predict(j, c, cal)
-	if err != nil {
-		return 0, 0, 0, fmt.Errorf("plan: calibrate: the step probe: %w", err)
+	if predicted, err = predictProbe(memplan.Checkpoint{Mode: "none"}); err != nil {
+		return 0, 0, 0, nil, err
+	}
+	predAC := make([]float64, len(acProbes))
+	for i, ac := range acProbes {
+		if predAC[i], err = predictProbe(ac); err != nil {
+			return 0, 0, 0, nil, err
+		}
 	}
 	// The median of a few runs: one run of a few seconds is one sample of
 	// a host whose speed drifts by tens of percent over minutes, and a
 	// calibration made in a fast moment over-predicts everything after.
 	runs := make([]float64, stepProbeRuns)
+	ratios := make([][]float64, len(acProbes))
 	for i := range runs {
-		data, err := trainProbe(ctx, o.Exe, probe)
-		if err != nil {
-			return 0, 0, 0, err
+		if runs[i], err = run(memplan.Checkpoint{Mode: "none"}); err != nil {
+			return 0, 0, 0, nil, err
 		}
-		if runs[i], err = probeTPS(data, 0); err != nil {
-			return 0, 0, 0, err
+		for k, ac := range acProbes {
+			tps, err := run(ac)
+			if err != nil {
+				return 0, 0, 0, nil, err
+			}
+			ratios[k] = append(ratios[k], (tps/runs[i])/(predAC[k]/predicted))
 		}
 	}
 	slices.Sort(runs)
 	measured = runs[len(runs)/2]
-	predicted = pred.TokensPerDevice
-	return predicted / measured, predicted, measured, nil
+	for k, ac := range acProbes {
+		slices.Sort(ratios[k])
+		acSpeedup = append(acSpeedup, ACRate{Mode: ac.String(), Speedup: ratios[k][len(ratios[k])/2]})
+	}
+	return predicted / measured, predicted, measured, acSpeedup, nil
 }
 
 // measureShared runs n step probes side by side, each on its share of

@@ -931,7 +931,7 @@ func TestOpRecompute(t *testing.T) {
 		D, F := float64(c.Dim), float64(c.FFNHidden())
 		Q, KV := float64(c.NHeads*c.HeadDim()), float64(c.KVHeads()*c.HeadDim())
 		rt := RuntimeOf(host, j.Layout)
-		r := ratesOf(host, cal, rt, 1)
+		r := ratesOf(host, cal, rt, 1, memplan.Checkpoint{})
 		want := 2*N*L*(KV*D+D*Q+F*D)/tp/r.mm + ewLayers(L, N, c, rt, 4, tp)/r.ew
 		if math.Abs(op.Step.Recompute/want-1) > 1e-12 {
 			t.Errorf("tp %d: recompute %g s, want %g (wk, wo, w3 and the element-wise operations)", d.TP, op.Step.Recompute, want)
@@ -1514,5 +1514,89 @@ func TestTimeShared(t *testing.T) {
 	mean := (p.RankCompute[0] + p.RankCompute[1]) / 2
 	if pipe := p.Step.Step - p.Step.FSDP - p.Step.DP - p.Step.Optimizer; pipe > 1.02*mean || p.Step.Bubble != 0 {
 		t.Errorf("FSDP2×PP2 on 2 cores: the pipeline's part of the step %g s (bubble %g s) against the ranks' mean compute %g s", pipe, p.Step.Bubble, mean)
+	}
+}
+
+// TestACSpeedup: a CPU calibration's measured speedup under activation
+// checkpointing scales the compute of layouts under that policy (every
+// nth layer: the full policy's on its share), and nothing else; GPU
+// clusters and calibrations without one are unchanged; the figure is
+// validated.
+func TestACSpeedup(t *testing.T) {
+	host, err := cluster.Load("cpu-2core")
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, measured := cpuCal(), cpuCal()
+	// both predicts job on c under two calibrations.
+	both := func(job Job, c cluster.Cluster, a, b Calibration) (Prediction, Prediction) {
+		t.Helper()
+		pa, err := Predict(job, c, a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pb, err := Predict(job, c, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pa, pb
+	}
+	measured.ACSpeedup = []ACRate{{Mode: "full", Speedup: 1.2}, {Mode: "selective op", Speedup: 1.1}}
+	for _, tc := range []struct {
+		ac   memplan.Checkpoint
+		want float64
+	}{
+		{memplan.Checkpoint{Mode: "none"}, 1},
+		{memplan.Checkpoint{Mode: "full"}, 1.2},
+		{memplan.Checkpoint{Mode: "selective", Option: "op"}, 1.1},
+		{memplan.Checkpoint{Mode: "selective", Option: "2"}, 1.1},
+		{memplan.Checkpoint{Mode: "selective", Option: "4"}, 1.05},
+	} {
+		if got := measured.acSpeedup(tc.ac); math.Abs(got-tc.want) > 1e-12 {
+			t.Errorf("%s: speedup %g, want %g", tc.ac, got, tc.want)
+		}
+		if got := plain.acSpeedup(tc.ac); got != 1 {
+			t.Errorf("%s without a measured speedup: %g, want 1", tc.ac, got)
+		}
+		job := debugJob(t, deg(1, 1, 1, 1, 1), "")
+		job.Layout.Checkpoint = tc.ac
+		p0, p1 := both(job, host, plain, measured)
+		// One process: the step is compute and the optimizer, all of it
+		// at the policy's speedup.
+		if r := p0.Step.Step / p1.Step.Step; math.Abs(r-tc.want) > 1e-9 {
+			t.Errorf("%s: step %g s without the speedup, %g s with: ratio %g, want %g", tc.ac, p0.Step.Step, p1.Step.Step, r, tc.want)
+		}
+		if p0.MemoryBytes != p1.MemoryBytes {
+			t.Errorf("%s: memory moved with a speed figure", tc.ac)
+		}
+	}
+	// Two ranks: the collectives are not computed faster.
+	job := debugJob(t, deg(1, 1, 2, 1, 1), "")
+	job.Layout.Checkpoint = memplan.Checkpoint{Mode: "full"}
+	p0, p1 := both(job, host, plain, measured)
+	if r := p0.Step.Step / p1.Step.Step; !(r > 1 && r < 1.2-1e-6) {
+		t.Errorf("FSDP2 under full AC: step ratio %g, want between 1 and 1.2 (communication unscaled)", r)
+	}
+	gpu, err := cluster.Load("h100-sxm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gcal, err := CalibrateGPU(gpu, AssumedPriors)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gcal2 := gcal
+	gcal2.ACSpeedup = measured.ACSpeedup
+	g := recipeJob(t, "llama3_8b.toml", 8, "activation_checkpoint.mode=full")
+	a, b := both(g, gpu, gcal, gcal2)
+	if a.TokensPerDevice != b.TokensPerDevice {
+		t.Errorf("a GPU cluster took the CPU's AC speedup: %g against %g tokens/s", b.TokensPerDevice, a.TokensPerDevice)
+	}
+	for _, bad := range []ACRate{{Mode: "full", Speedup: 3}, {Mode: "selective 2", Speedup: 1.1}, {Mode: "full", Speedup: math.NaN()}} {
+		c := cpuCal()
+		c.ACSpeedup = []ACRate{bad}
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "ac_speedup") {
+			t.Errorf("ac_speedup %+v: %v, want refused", bad, err)
+		}
 	}
 }

@@ -220,11 +220,13 @@ type rates struct {
 	mm, fp8, attn, ew float64 // FLOP/s, FLOP/s, FLOP/s, bytes/s
 }
 
-// ratesOf is one rank's throughputs on c with cp context-parallel ranks:
-// attention at titan's measured ring-attention rate when the
-// calibration has one for cp (Calibration.RingAttention; not under
-// PyTorch's ring, rt.TorchRing).
-func ratesOf(c cluster.Cluster, cal Calibration, rt Runtime, cp int) rates {
+// ratesOf is one rank's throughputs on c with cp context-parallel ranks
+// under activation checkpointing policy ac: attention at titan's
+// measured ring-attention rate when the calibration has one for cp
+// (Calibration.RingAttention; not under PyTorch's ring, rt.TorchRing),
+// and on a CPU host every rate at the policy's measured speedup
+// (Calibration.ACSpeedup).
+func ratesOf(c cluster.Cluster, cal Calibration, rt Runtime, cp int, ac memplan.Checkpoint) rates {
 	peak := c.Device.PeakBF16
 	if c.CPU() {
 		peak = c.Device.PeakFP32
@@ -244,11 +246,15 @@ func ratesOf(c cluster.Cluster, cal Calibration, rt Runtime, cp int) rates {
 	if e, ok := cal.ring(cp, bf16); ok && cp > 1 && !rt.TorchRing {
 		attn, attnShare = e, 1/share
 	}
+	acs := 1.0
+	if c.CPU() {
+		acs = cal.acSpeedup(ac)
+	}
 	return rates{
-		mm:   mm * peak * each,
-		fp8:  cal.MatmulFP8 * c.Device.PeakFP8 * each,
-		attn: attn * peak * attnShare,
-		ew:   cal.Elementwise * c.Device.MemoryBandwidth * each,
+		mm:   mm * peak * each * acs,
+		fp8:  cal.MatmulFP8 * c.Device.PeakFP8 * each * acs,
+		attn: attn * peak * attnShare * acs,
+		ew:   cal.Elementwise * c.Device.MemoryBandwidth * each * acs,
 	}
 }
 
@@ -578,7 +584,7 @@ func stepTime(job Job, mp memplan.Plan, c cluster.Cluster, cal Calibration, rt R
 	l := job.Layout
 	cfg := job.Model
 	d := l.Degrees
-	r := ratesOf(c, cal, rt, d.CP)
+	r := ratesOf(c, cal, rt, d.CP, l.Checkpoint)
 	cb := rt.computeBytes()
 	D, V := float64(cfg.Dim), float64(cfg.VocabSize)
 	F := float64(cfg.FFNHidden())
