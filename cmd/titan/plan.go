@@ -35,7 +35,8 @@ Clusters are configs/clusters/*.toml (` + "`titan plan --cluster x`" + ` lists t
 path to such a file; "this" is this machine, calibrated by --calibrate
 (titan's own kernels — GEMMs, attention over whole rows and as one rank's
 ring attention at each measured process count, the element-wise passes —
-its collectives, a short training step, and that step run side by side by as
+its collectives, a short training step, also under activation checkpointing
+(whose recomputation runs from the caches), and that step run side by side by as
 many processes as ranks would share the host (up to its cores); the file goes
 under the user's cache folder, or --calibration / $TITAN_PLAN_CALIBRATION). GPU clusters are
 calibrated from one published configuration only (torchtitan's Llama 3.1 8B
