@@ -547,6 +547,16 @@ func (tr *Trainer) Run(ctx context.Context) (err error) {
 				tr.log.Printf("titan: interrupted after step %d; checkpoint.enable is off, so no checkpoint is saved", tr.Step)
 				return context.Canceled
 			}
+			if tr.ck.lastFull == tr.Step {
+				// The step's full checkpoint is written already (a
+				// periodic save right before, or the one resumed from):
+				// writing it again would only cost the time.
+				tr.log.Printf("titan: interrupted after step %d, whose checkpoint is already saved", tr.Step)
+				if err := tr.waitSave(); err != nil {
+					return err
+				}
+				return context.Canceled
+			}
 			tr.log.Printf("titan: interrupted after step %d; saving a checkpoint", tr.Step)
 			if err := tr.save(false, true); err != nil {
 				return err

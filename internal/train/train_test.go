@@ -1,6 +1,7 @@
 package train
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"github.com/titan-go/titan/internal/backend/cpu"
@@ -69,6 +70,49 @@ func TestInterruptAndResume(t *testing.T) {
 	for i := range whole {
 		if got[i] != whole[i] {
 			t.Errorf("step %d: loss %v after an interrupt, %v uninterrupted", i+1, got[i], whole[i])
+		}
+	}
+}
+
+// TestInterruptRightAfterASave: Ctrl-C after a step whose periodic
+// checkpoint was just written does not write it again, and the run
+// resumes from it exactly.
+func TestInterruptRightAfterASave(t *testing.T) {
+	whole := lossesOf(t, testJob(t, t.TempDir(), 9), 0)
+	dump := t.TempDir()
+	job := testJob(t, dump, 9)
+	job.Checkpoint.Interval = 3
+	var log bytes.Buffer
+	tr, err := New(job, testDevice(0), &log, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var got []float64
+	tr.OnStep = func(step int, loss float64) {
+		got = append(got, loss)
+		if step == 6 {
+			cancel()
+		}
+	}
+	if err := tr.Run(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("run: %v", err)
+	}
+	tr.Close()
+	out := log.String()
+	if n := strings.Count(out, "checkpoint step-6 "); n != 1 || !strings.Contains(out, "interrupted after step 6, whose checkpoint is already saved") {
+		t.Errorf("step 6's checkpoint written %d times (want 1), log:\n%s", n, out)
+	}
+	again := testJob(t, dump, 9)
+	again.Checkpoint.Interval = 3
+	got = append(got, lossesOf(t, again, 0)...)
+	if len(got) != 9 {
+		t.Fatalf("%d losses, want 9", len(got))
+	}
+	for i := range whole {
+		if got[i] != whole[i] {
+			t.Errorf("step %d: loss %v after the interrupt, %v uninterrupted", i+1, got[i], whole[i])
 		}
 	}
 }
