@@ -217,7 +217,7 @@ func checkRounds(t *testing.T, db string) {
 	if err != nil || len(runs) != 2 {
 		t.Fatalf("run store: %d runs, %v; want the 2 rounds", len(runs), err)
 	}
-	lin, err := s.Lineage(context.Background(), runs[0].DumpFolder)
+	lin, err := s.Lineage(context.Background(), runs[0].ID)
 	if err != nil || len(lin) != 2 || lin[0].Status == runstore.Finished || lin[1].Status != runstore.Finished ||
 		lin[1].FirstStep <= 1 || lin[1].LastStep != elasticSteps {
 		t.Errorf("lineage of the restarted job: %v %+v; want a round that did not finish, then one that trained from its checkpoint to step %d", err, lin, elasticSteps)

@@ -85,7 +85,7 @@ its process is gone from this host or no heartbeat came for ` + runstore.StaleAf
 	var recipe bool
 	show := &cobra.Command{
 		Use:     "show ID",
-		Short:   "A run's metadata and its logged steps (ID or a unique prefix)",
+		Short:   "A run's metadata, its logged steps and the other runs of its job (ID or a unique prefix)",
 		Example: "  titan runs show 20261201-1026\n  titan runs show 20261201-1026 --recipe",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -207,46 +207,70 @@ func TestRunsFlagsRefused(t *testing.T) {
 
 // TestResumedRunsShareALineage: a run that resumes from its dump folder's
 // checkpoint is a run of its own, and titan runs show lists both runs of
-// the folder with the steps each trained.
+// the job with the steps each trained; a fresh start in the same folder
+// (its checkpoints deleted) is another job.
 func TestResumedRunsShareALineage(t *testing.T) {
 	data := corpus(t)
 	db := filepath.Join(t.TempDir(), "runs.db")
 	dump := t.TempDir()
-	for _, steps := range []string{"3", "5"} {
+	train := func(steps string) {
+		t.Helper()
 		args := append(keysBase(dump, data), "--set", "metrics.db="+db, "--set", "checkpoint.enable=true",
 			"--set", "checkpoint.interval=3", "--set", "training.steps="+steps)
 		if out, err := titan(t, args...); err != nil {
 			t.Fatalf("train to step %s: %v\n%s", steps, err, out)
 		}
 	}
-	out, err := titan(t, "runs", "list", "--json", "--db", db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ids []string // newest first
-	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
-		var r struct {
-			ID string `json:"id"`
-		}
-		if err := json.Unmarshal([]byte(l), &r); err != nil {
+	ids := func() []string { // newest first
+		t.Helper()
+		out, err := titan(t, "runs", "list", "--json", "--db", db)
+		if err != nil {
 			t.Fatal(err)
 		}
-		ids = append(ids, r.ID)
+		var ids []string
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			var r struct {
+				ID string `json:"id"`
+			}
+			if err := json.Unmarshal([]byte(l), &r); err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, r.ID)
+		}
+		return ids
 	}
-	if len(ids) != 2 {
-		t.Fatalf("%d runs recorded, want 2:\n%s", len(ids), out)
+	train("3")
+	train("5")
+	got := ids()
+	if len(got) != 2 {
+		t.Fatalf("%d runs recorded, want 2", len(got))
 	}
-	out, err = titan(t, "runs", "show", ids[0], "--db", db)
-	if err != nil || !strings.Contains(out, "2 runs in this dump folder") ||
-		!regexp.MustCompile(regexp.QuoteMeta(ids[1])+` +finished +1-3 `).MatchString(out) ||
-		!regexp.MustCompile(regexp.QuoteMeta(ids[0])+` +finished +4-5 +.*\(this run\)`).MatchString(out) {
+	out, err := titan(t, "runs", "show", got[0], "--db", db)
+	if err != nil || !strings.Contains(out, "the job's 2 runs in this dump folder") ||
+		!regexp.MustCompile(regexp.QuoteMeta(got[1])+` +finished +1-3 `).MatchString(out) ||
+		!regexp.MustCompile(regexp.QuoteMeta(got[0])+` +finished +4-5 +.*\(this run\)`).MatchString(out) ||
+		!strings.Contains(out, "4-5 of 5 trained (resumed from step 3)") {
 		t.Errorf("runs show of the resumed run: %v\n%s", err, out)
 	}
-	out, err = titan(t, "runs", "show", ids[1], "--json", "--db", db)
+	out, err = titan(t, "runs", "show", got[1], "--json", "--db", db)
 	var shown struct {
+		Run struct {
+			ResumedFrom *int `json:"resumed_from"`
+		} `json:"run"`
 		Lineage []string `json:"lineage"`
 	}
-	if err != nil || json.Unmarshal([]byte(out), &shown) != nil || !slices.Equal(shown.Lineage, []string{ids[1], ids[0]}) {
-		t.Errorf("runs show --json lineage: %v %v, want [%s %s]\n%s", err, shown.Lineage, ids[1], ids[0], out)
+	if err != nil || json.Unmarshal([]byte(out), &shown) != nil || !slices.Equal(shown.Lineage, []string{got[1], got[0]}) ||
+		shown.Run.ResumedFrom == nil || *shown.Run.ResumedFrom != 0 {
+		t.Errorf("runs show --json: %v %+v, want lineage [%s %s] and resumed_from 0\n%s", err, shown, got[1], got[0], out)
+	}
+	// The checkpoints deleted, the same command starts a new job there.
+	if err := os.RemoveAll(filepath.Join(dump, "checkpoint")); err != nil {
+		t.Fatal(err)
+	}
+	train("3")
+	got = ids()
+	out, err = titan(t, "runs", "show", got[0], "--json", "--db", db)
+	if err != nil || json.Unmarshal([]byte(out), &shown) != nil || !slices.Equal(shown.Lineage, []string{got[0]}) {
+		t.Errorf("a fresh start in the folder: lineage %v, want itself alone (%v)\n%s", shown.Lineage, err, out)
 	}
 }

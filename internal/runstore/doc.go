@@ -2,8 +2,9 @@
 // them back for `titan runs list|show|compare`.
 //
 // Every run (one `titan train` process; a resumed run, or an elastic round
-// that restarts the workers, is a new run, and the runs of one dump folder
-// are a job's lineage: Store.Lineage) records
+// that restarts the workers, is a new run that records the step it resumed
+// from, and the runs of a dump folder that continued one another are a
+// job: Store.Lineage) records
 // its resolved recipe, recipe file, host, titan version (package version),
 // device mesh, model name and flavor, start and end time, status (running,
 // finished, failed with the error text, interrupted) and every logged step:

@@ -74,10 +74,8 @@ func Show(ctx context.Context, w io.Writer, s *Store, id string, o ShowOptions) 
 		return err
 	}
 	var lineage []Summary
-	if r.DumpFolder != "" {
-		if lineage, err = s.Lineage(ctx, r.DumpFolder); err != nil {
-			return err
-		}
+	if lineage, err = s.Lineage(ctx, r.ID); err != nil {
+		return err
 	}
 	if o.JSON {
 		js := make([]jsonStep, len(steps))
@@ -91,8 +89,9 @@ func Show(ctx context.Context, w io.Writer, s *Store, id string, o ShowOptions) 
 		return jsonLines(w, []any{struct {
 			Run   Run        `json:"run"`
 			Steps []jsonStep `json:"steps"`
-			// Lineage is the IDs of the runs in the run's dump folder,
-			// oldest first (itself included).
+			// Lineage is the IDs of the runs of the run's job (its dump
+			// folder's runs that continued one another, Store.Lineage),
+			// oldest first, itself included.
 			Lineage []string `json:"lineage"`
 		}{r, js, ids}})
 	}
@@ -126,7 +125,7 @@ func Show(ctx context.Context, w io.Writer, s *Store, id string, o ShowOptions) 
 		{"started", r.StartedAt.Local().Format("2006-01-02 15:04:05 MST")},
 		{"ended", ended},
 		{"tokens/step", strconv.FormatInt(r.TokensPerStep, 10)},
-		{"steps", fmt.Sprintf("%d of %d trained, %d logged", last, r.StepsPlanned, len(steps))},
+		{"steps", stepsLine(r, last, len(steps))},
 	} {
 		fmt.Fprintf(tw, "%s\t%s\n", kv[0], kv[1])
 	}
@@ -155,22 +154,42 @@ func Show(ctx context.Context, w io.Writer, s *Store, id string, o ShowOptions) 
 	return tw.Flush()
 }
 
+// stepsLine is runs show's "steps" line: how far the run trained of
+// training.steps, from which checkpoint when it resumed, and how many
+// steps it logged.
+func stepsLine(r Run, last, logged int) string {
+	if r.ResumedFrom != nil && *r.ResumedFrom > 0 {
+		return fmt.Sprintf("%d-%d of %d trained (resumed from step %d), %d logged", *r.ResumedFrom+1, last, r.StepsPlanned, *r.ResumedFrom, logged)
+	}
+	return fmt.Sprintf("%d of %d trained, %d logged", last, r.StepsPlanned, logged)
+}
+
+// trainedSteps is the steps run l trained: from the one after its resume
+// step (its first logged step when that is not recorded) to its last
+// logged one; "-" when it logged none.
+func trainedSteps(l Summary) string {
+	if l.Steps == 0 {
+		return "-"
+	}
+	first := l.FirstStep
+	if l.ResumedFrom != nil {
+		first = *l.ResumedFrom + 1
+	}
+	return fmt.Sprintf("%d-%d", first, l.LastStep)
+}
+
 // showLineage prints the runs of one dump folder (a job's resumes and
 // elastic rounds), oldest first, marking run id.
 func showLineage(w io.Writer, lineage []Summary, id string) error {
-	fmt.Fprintf(w, "\n%d runs in this dump folder, oldest first (every resume and elastic round is a run):\n", len(lineage))
+	fmt.Fprintf(w, "\nthe job's %d runs in this dump folder, oldest first (each resume and elastic round is a run):\n", len(lineage))
 	tw := newTable(w)
-	fmt.Fprintln(tw, "RUN\tSTATUS\tLOGGED STEPS\tSTARTED\t")
+	fmt.Fprintln(tw, "RUN\tSTATUS\tSTEPS\tSTARTED")
 	for _, l := range lineage {
-		steps := "-"
-		if l.Steps > 0 {
-			steps = fmt.Sprintf("%d-%d", l.FirstStep, l.LastStep)
-		}
-		this := ""
+		line := fmt.Sprintf("%s\t%s\t%s\t%s", l.ID, l.Status, trainedSteps(l), l.StartedAt.Local().Format("2006-01-02 15:04:05"))
 		if l.ID == id {
-			this = "(this run)"
+			line += "\t(this run)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", l.ID, l.Status, steps, l.StartedAt.Local().Format("2006-01-02 15:04:05"), this)
+		fmt.Fprintln(tw, line)
 	}
 	return tw.Flush()
 }

@@ -114,6 +114,14 @@ var migrations = []migration{
 			`ALTER TABLE runs ADD COLUMN heartbeat_at timestamptz`,
 		},
 	},
+	{
+		// Version 3: the step a run resumed from (0: a fresh start), so
+		// that a dump folder's runs split into the jobs that continued
+		// one another (Store.Lineage). NULL for the runs recorded before.
+		version:  3,
+		sqlite:   []string{`ALTER TABLE runs ADD COLUMN resumed_from INTEGER`},
+		postgres: []string{`ALTER TABLE runs ADD COLUMN resumed_from bigint`},
+	},
 }
 
 // SchemaVersion is the schema version this titan writes: the last

@@ -77,6 +77,10 @@ type Run struct {
 	DumpFolder  string `json:"dump_folder"`
 	// StepsPlanned is training.steps.
 	StepsPlanned int `json:"steps_planned"`
+	// ResumedFrom is the checkpoint step the run resumed from (0: a
+	// fresh start; nil: not recorded, as for runs of titan before run
+	// store schema 3).
+	ResumedFrom *int `json:"resumed_from,omitempty"`
 	// TokensPerStep is the number of tokens of one optimizer step (the
 	// global batch); step × TokensPerStep is the tokens trained so far.
 	TokensPerStep int64 `json:"tokens_per_step"`
@@ -412,12 +416,16 @@ func (s *Store) insertRun(ctx context.Context, tx *sql.Tx, r *Run) error {
 	if r.PID > 0 {
 		pid = r.PID
 	}
+	var resumed any
+	if r.ResumedFrom != nil {
+		resumed = *r.ResumedFrom
+	}
 	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO runs (run_id, recipe_path, model, flavor, layout, world, host, titan_version,
-	description, dump_folder, steps_planned, tokens_per_step, recipe, started_at, ended_at, status, error, pid, heartbeat_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO NOTHING`),
+	description, dump_folder, steps_planned, tokens_per_step, recipe, started_at, ended_at, status, error, pid, heartbeat_at, resumed_from)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO NOTHING`),
 		r.ID, r.RecipePath, r.Model, r.Flavor, r.Layout, r.World, r.Host, r.Version,
 		r.Description, r.DumpFolder, r.StepsPlanned, r.TokensPerStep, r.Recipe, s.timeArg(r.StartedAt), ended, string(status), nullString(r.Error),
-		pid, s.timeArg(r.StartedAt))
+		pid, s.timeArg(r.StartedAt), resumed)
 	if err != nil {
 		return fmt.Errorf("run %s: %w", r.ID, err)
 	}
@@ -464,7 +472,7 @@ func nullString(s string) any {
 // runCols are the runs table's columns as scanRun reads them.
 const runCols = `r.run_id, r.recipe_path, r.model, r.flavor, r.layout, r.world, r.host, r.titan_version,
 	r.description, r.dump_folder, r.steps_planned, r.tokens_per_step, r.started_at, r.ended_at, r.status, r.error,
-	r.pid, r.heartbeat_at`
+	r.pid, r.heartbeat_at, r.resumed_from`
 
 type scanner interface{ Scan(dest ...any) error }
 
@@ -473,11 +481,11 @@ func scanRun(sc scanner, extra ...any) (Run, error) {
 	var r Run
 	var started, ended, beat any
 	var errText sql.NullString
-	var pid sql.NullInt64
+	var pid, resumed sql.NullInt64
 	var status string
 	dest := append([]any{&r.ID, &r.RecipePath, &r.Model, &r.Flavor, &r.Layout, &r.World, &r.Host, &r.Version,
 		&r.Description, &r.DumpFolder, &r.StepsPlanned, &r.TokensPerStep, &started, &ended, &status, &errText,
-		&pid, &beat}, extra...)
+		&pid, &beat, &resumed}, extra...)
 	if err := sc.Scan(dest...); err != nil {
 		return r, err
 	}
@@ -495,6 +503,10 @@ func scanRun(sc scanner, extra ...any) (Run, error) {
 		return r, fmt.Errorf("run %s heartbeat_at: %w", r.ID, err)
 	}
 	r.Status, r.Error, r.PID = Status(status), errText.String, int(pid.Int64)
+	if resumed.Valid {
+		v := int(resumed.Int64)
+		r.ResumedFrom = &v
+	}
 	return r, nil
 }
 
@@ -668,14 +680,35 @@ func (s *Store) Summaries(ctx context.Context, ids []string) ([]Summary, error) 
 	return out, nil
 }
 
-// Lineage returns the summaries of the runs recorded with dump folder
-// dir, oldest first: one training job's processes, as every resume and
-// every elastic round (a restart of the workers after a failure) is a run
-// of its own that continues from the folder's checkpoint.
-func (s *Store) Lineage(ctx context.Context, dir string) ([]Summary, error) {
-	got, err := s.summaries(ctx, `SELECT run_id FROM runs WHERE dump_folder = ?`, []any{dir})
-	slices.Reverse(got)
-	return got, err
+// Lineage returns the summaries of the runs of run id's job, oldest
+// first: every resume and every elastic round (a restart of the workers
+// after a failure) is a run of its own that continues from its dump
+// folder's checkpoint, so the job is the run's folder's runs from the
+// last fresh start (ResumedFrom 0) at or before it up to the next fresh
+// start. Runs recorded before ResumedFrom was (nil) are taken to continue.
+func (s *Store) Lineage(ctx context.Context, id string) ([]Summary, error) {
+	r, err := s.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	all, err := s.summaries(ctx, `SELECT run_id FROM runs WHERE dump_folder = ?`, []any{r.DumpFolder})
+	if err != nil {
+		return nil, err
+	}
+	slices.Reverse(all)
+	at := slices.IndexFunc(all, func(x Summary) bool { return x.ID == r.ID })
+	if at < 0 {
+		return nil, fmt.Errorf("run %s: not among its dump folder's runs", r.ID)
+	}
+	fresh := func(x Summary) bool { return x.ResumedFrom != nil && *x.ResumedFrom == 0 }
+	first, last := at, at
+	for first > 0 && !fresh(all[first]) {
+		first--
+	}
+	for last+1 < len(all) && !fresh(all[last+1]) {
+		last++
+	}
+	return all[first : last+1], nil
 }
 
 func (s *Store) summaries(ctx context.Context, page string, args []any) ([]Summary, error) {

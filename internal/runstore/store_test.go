@@ -543,10 +543,12 @@ func TestReconcile(t *testing.T) {
 	}
 }
 
-// TestLineage: the runs of one dump folder (a job interrupted, resumed,
-// then restarted by an elastic round) come back oldest first with the
-// steps each trained; a run of another folder is not among them, and
-// titan runs show lists them, marking the run shown.
+// TestLineage: a job's runs (interrupted, resumed, then restarted by an
+// elastic round) come back oldest first with the steps each trained; a
+// fresh start in the same folder begins another job, a run of another
+// folder is in none, and a run recorded without its resume step is
+// taken to continue; titan runs show lists the job's runs, marking the
+// one shown.
 func TestLineage(t *testing.T) {
 	for _, b := range backends(t) {
 		t.Run(b.name, func(t *testing.T) {
@@ -556,15 +558,21 @@ func TestLineage(t *testing.T) {
 			steps := testSteps(9)
 			for i, tc := range []struct {
 				id, dir    string
-				first, end int
+				resumed    int // -1: not recorded
+				first, end int // logged
 			}{
-				{"20261207-060000-aaaa", "/job", 1, 3},
-				{"20261207-060100-bbbb", "/other", 1, 9},
-				{"20261207-060200-cccc", "/job", 4, 6},
-				{"20261207-060300-dddd", "/job", 7, 9},
+				{"20261207-060000-aaaa", "/job", 0, 1, 3},
+				{"20261207-060100-bbbb", "/other", 0, 1, 9},
+				{"20261207-060200-cccc", "/job", 3, 4, 6},
+				{"20261207-060300-dddd", "/job", 6, 8, 9},
+				{"20261207-060400-eeee", "/job", 0, 1, 2},
+				{"20261207-060500-ffff", "/job", -1, 3, 4},
 			} {
 				r := testRun(tc.id, t0.Add(time.Duration(i)*time.Minute))
 				r.DumpFolder = tc.dir
+				if tc.resumed >= 0 {
+					r.ResumedFrom = &tc.resumed
+				}
 				if err := s.PutRun(ctx, r); err != nil {
 					t.Fatal(err)
 				}
@@ -572,30 +580,37 @@ func TestLineage(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			got, err := s.Lineage(ctx, "/job")
-			if err != nil {
-				t.Fatal(err)
-			}
-			want := []string{"aaaa 1-3", "cccc 4-6", "dddd 7-9"}
-			var have []string
-			for _, g := range got {
-				have = append(have, fmt.Sprintf("%s %d-%d", g.ID[len(g.ID)-4:], g.FirstStep, g.LastStep))
-			}
-			if !slices.Equal(have, want) {
-				t.Errorf("lineage of /job: %v, want %v", have, want)
+			for id, want := range map[string][]string{
+				"20261207-060200-cccc": {"aaaa 1-3", "cccc 4-6", "dddd 7-9"},
+				"20261207-060000-aaaa": {"aaaa 1-3", "cccc 4-6", "dddd 7-9"},
+				"20261207-060400-eeee": {"eeee 1-2", "ffff 3-4"},
+				"20261207-060100-bbbb": {"bbbb 1-9"},
+			} {
+				got, err := s.Lineage(ctx, id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var have []string
+				for _, g := range got {
+					have = append(have, fmt.Sprintf("%s %s", g.ID[len(g.ID)-4:], trainedSteps(g)))
+				}
+				if !slices.Equal(have, want) {
+					t.Errorf("lineage of %s: %v, want %v", id, have, want)
+				}
 			}
 			var buf bytes.Buffer
-			if err := Show(ctx, &buf, s, "20261207-060200-cccc", ShowOptions{}); err != nil {
+			if err := Show(ctx, &buf, s, "20261207-060300-dddd", ShowOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			out := buf.String()
-			if !strings.Contains(out, "3 runs in this dump folder") || !regexp.MustCompile(`cccc +\S+ +4-6 +.*\(this run\)`).MatchString(out) ||
-				!regexp.MustCompile(`aaaa +\S+ +1-3 `).MatchString(out) || strings.Contains(out, "bbbb") {
+			if !strings.Contains(out, "the job's 3 runs in this dump folder") || !regexp.MustCompile(`dddd +\S+ +7-9 +.*\(this run\)`).MatchString(out) ||
+				!regexp.MustCompile(`aaaa +\S+ +1-3 `).MatchString(out) || strings.Contains(out, "bbbb") || strings.Contains(out, "eeee") ||
+				!strings.Contains(out, "7-9 of 3 trained (resumed from step 6), 2 logged") {
 				t.Errorf("runs show:\n%s", out)
 			}
 			buf.Reset()
 			if err := Show(ctx, &buf, s, "20261207-060100-bbbb", ShowOptions{}); err != nil || strings.Contains(buf.String(), "runs in this dump folder") {
-				t.Errorf("runs show of a folder's only run lists a lineage: %v\n%s", err, buf.String())
+				t.Errorf("runs show of a job of one run lists a lineage: %v\n%s", err, buf.String())
 			}
 		})
 	}

@@ -40,10 +40,11 @@ func (tr *Trainer) startRecording() {
 	}
 	host, _ := os.Hostname()
 	start := time.Now()
+	resumed := tr.Step // the checkpoint step this run resumed from (0: a fresh start)
 	run := runstore.Run{
 		ID: runstore.NewID(start), RecipePath: tr.RecipePath, Model: job.Model.Name, Flavor: job.Model.Flavor,
 		Layout: tr.mesh.String(), World: tr.dist.World, Host: host, Version: version.String(),
-		Description: job.Job.Description, DumpFolder: dump, StepsPlanned: job.Training.Steps,
+		Description: job.Job.Description, DumpFolder: dump, StepsPlanned: job.Training.Steps, ResumedFrom: &resumed,
 		TokensPerStep: int64(tr.accum * job.Training.LocalBatchSize * job.Training.SeqLen * tr.dataRanks()),
 		Recipe:        recipe, StartedAt: start, PID: os.Getpid(),
 	}
