@@ -21,7 +21,7 @@
 #      planner assumes for the published H100 rows, and one context-
 #      parallel rank's ring attention at cp 1-8 (what of the published
 #      CP rows' growth one GPU reproduces). On its own:
-#      python3 bench/plan/gpu_priors.py (about 1-2 minutes).
+#      python3 bench/plan/gpu_priors.py (about a minute).
 #
 # Every step has its own time limit, and a failing step does not stop the
 # later ones. Results (logs, JSON, summary.txt) go to $OUT when it is set,

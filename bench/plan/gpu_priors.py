@@ -120,7 +120,10 @@ def block_fwd(q, k, v, causal):
     needs), with flash attention's ATen op as PyTorch's ring calls it."""
     if has_flash(q.device):
         r = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)
-        return r[0], r[1], r
+        # What the backward needs besides the merged output and logsumexp
+        # (sequence bounds, the RNG state): the block's own output is not
+        # kept, as PyTorch's ring keeps none.
+        return r[0], r[1], (None, None) + tuple(r[2:])
     out, lse = plain_block(q, k, v, causal)
     return out, lse, None
 
@@ -281,6 +284,8 @@ class RingRank:
         out = lse = None
         metas = []
         for i, (k, v) in enumerate(self.gathered()):
+            if 0 < i < self.cp - 1:
+                torch.cat([k.flatten(), v.flatten()])  # the buffer PyTorch's forward builds before every exchange
             q, k, v, causal, qhalf, _ = self.pick(i, k, v)
             bo, bl, meta = block_fwd(q, k, v, causal)
             metas.append(meta)

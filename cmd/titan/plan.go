@@ -35,8 +35,10 @@ Clusters are configs/clusters/*.toml (` + "`titan plan --cluster x`" + ` lists t
 path to such a file; "this" is this machine, calibrated by --calibrate
 (titan's own kernels — GEMMs, attention over whole rows and as one rank's
 ring attention at each measured process count, the element-wise passes —
-its collectives, a short training step, also under activation checkpointing
-(whose recomputation runs from the caches), and that step run side by side by as
+its collectives, a short training step, the same step under per-operation and
+full activation checkpointing (which run faster here than the rates without
+it predict: the recomputed activations are read back from the CPU's caches;
+CPU hosts only), and that step run side by side by as
 many processes as ranks would share the host (up to its cores); the file goes
 under the user's cache folder, or --calibration / $TITAN_PLAN_CALIBRATION). GPU clusters are
 calibrated from one published configuration only (torchtitan's Llama 3.1 8B
@@ -59,7 +61,7 @@ needs; --search instead proposes layouts that fit.`,
   titan plan --recipe recipes/llama3_70b.toml --cluster h100-grandteton --world 256 --compile --float8 --search
   titan plan --reference
   titan plan --reference --plot bench/plan/published.png
-  python3 bench/plan/gpu_priors.py --hbm-bytes-per-s 3.35e12 > priors.json   # on a GPU
+  python3 bench/plan/gpu_priors.py > priors.json   # on a GPU
   titan plan --reference --priors priors.json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -78,7 +80,7 @@ needs; --search instead proposes layouts that fit.`,
 				if err := onlyFlags(cmd, "reference", "--reference predicts torchtitan's published rows on their own cluster ("+plan.ReferenceCluster+"), and", "json", "plot", "priors"); err != nil {
 					return err
 				}
-				pr, err := loadPriors(priorsPath)
+				pr, err := loadPriors(cmd, priorsPath)
 				if err != nil {
 					return err
 				}
@@ -90,7 +92,7 @@ needs; --search instead proposes layouts that fit.`,
 					return fmt.Errorf("plan: --%s goes with %s", f.name, f.mode)
 				}
 			}
-			pr, err := loadPriors(priorsPath)
+			pr, err := loadPriors(cmd, priorsPath)
 			if err != nil {
 				return err
 			}
@@ -127,7 +129,7 @@ needs; --search instead proposes layouts that fit.`,
 	f.BoolVar(&calibrate, "calibrate", false, "benchmark this machine's kernels and collectives and write the calibration")
 	f.IntSliceVar(&calNProcs, "calibrate-nproc", []int{2, 4}, "process counts --calibrate measures the collectives (and ring attention at that cp) of")
 	f.BoolVar(&reference, "reference", false, "predict torchtitan's published H100 rows from the calibration row and compare")
-	f.StringVar(&priorsPath, "priors", "", "GPU priors measured by bench/plan/gpu_priors.py (its JSON) in place of the assumed ones, for a GPU cluster or --reference")
+	f.StringVar(&priorsPath, "priors", "", "GPU priors measured by bench/plan/gpu_priors.py (its JSON) in place of the assumed attention, float8 and element-wise ones (communication, and any the file lacks, stay assumed), for a GPU cluster or --reference")
 	f.StringVar(&plotPath, "plot", "", "with --reference: also draw predicted against published (tokens/s and memory) into this PNG file")
 	f.BoolVar(&compile, "compile", false, "GPU: fused element-wise kernels (torch.compile)")
 	f.BoolVar(&float8, "float8", false, "GPU: float8 linear layers (the same as --set model.converters=float8; the float8.* keys apply)")
@@ -136,9 +138,12 @@ needs; --search instead proposes layouts that fit.`,
 }
 
 // loadPriors reads the GPU priors of --priors (AssumedPriors without it).
-func loadPriors(path string) (plan.Priors, error) {
-	if path == "" {
+func loadPriors(cmd *cobra.Command, path string) (plan.Priors, error) {
+	if !cmd.Flags().Changed("priors") {
 		return plan.AssumedPriors, nil
+	}
+	if path == "" {
+		return plan.Priors{}, errors.New("plan: --priors: give the JSON file bench/plan/gpu_priors.py wrote")
 	}
 	return plan.LoadPriors(path)
 }

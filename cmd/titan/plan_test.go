@@ -111,6 +111,7 @@ func TestPlanErrors(t *testing.T) {
 		{[]string{"plan", "--recipe", "../../recipes/llama3_debug.toml", "--cluster", "this", "--priors", priors}, "--priors: a GPU's priors"},
 		{[]string{"plan", "--calibrate", "--priors", priors}, "takes no --priors"},
 		{[]string{"plan", "--reference", "--priors", filepath.Join(t.TempDir(), "none.json")}, "--priors"},
+		{[]string{"plan", "--reference", "--priors="}, "--priors: give the JSON file"},
 		// The recipe's layout needs more than the device has: the
 		// prediction is written, and the command fails.
 		{[]string{"plan", "--recipe", "../../recipes/llama3_8b.toml", "--cluster", "h100-sxm", "--world", "8"}, "does not fit on h100-sxm: it needs 82.40 GiB of the device's 80.00 GiB, 76.95 GiB of tensors"},

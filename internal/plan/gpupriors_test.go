@@ -146,8 +146,10 @@ func TestLoadPriors(t *testing.T) {
 		{"smoke.json", `{"device": "cpu", "smoke": true, "attention_rel": {"2x32x8192x8192x128 causal": 0.5}}`, "--smoke"},
 		{"cpu.json", `{"device": "cpu", "attention_rel": {"2x32x8192x8192x128 causal": 0.5}}`, `no GPU measured these (device "cpu")`},
 		{"shape.json", `{"device": "GPU", "attention_rel": {"1x32x32768x32768x128 causal": 0.5}}`, `attention_rel has no "2x32x8192x8192x128 causal"`},
-		{"range.json", `{"device": "GPU", "attention_rel": {"2x32x8192x8192x128 causal": 0.5}, "fp8_rel": 3}`, "fp8_rel 3 is not an efficiency ratio"},
-		{"bad.json", `{"device": `, "not gpu_priors.py's JSON"},
+		{"range.json", `{"device": "GPU", "attention_rel": {"2x32x8192x8192x128 causal": 0.5}, "fp8_rel": 3}`, "fp8_rel 3 is out of range"},
+		{"bandwidth.json", `{"device": "GPU", "attention_rel": {"2x32x8192x8192x128 causal": 0.5}, "elementwise_fraction": {"bf16_add_bytes_per_s": 1.2}}`, "elementwise_fraction 1.2 is out of range: want more than 0 and at most 1"},
+		{"array.json", `[1, 2]`, "not the JSON object gpu_priors.py prints"},
+		{"bad.json", `{"device": `, "not the JSON object gpu_priors.py prints"},
 	} {
 		path := write(tc.name, tc.body)
 		if _, err := LoadPriors(path); err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), path) {
@@ -159,5 +161,13 @@ func TestLoadPriors(t *testing.T) {
 	}
 	if _, _, err := LoadCluster("cpu-2core", "", p); err == nil || !strings.Contains(err.Error(), "--priors") {
 		t.Errorf("priors on a CPU host: %v, want refused naming --priors", err)
+	}
+	low := write("low.json", `{"device": "GPU", "attention_rel": {"2x32x8192x8192x128 causal": 0.001}}`)
+	pl, err := LoadPriors(low)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := CalibrateGPU(gpu, pl); err == nil || !strings.Contains(err.Error(), "low.json") || !strings.Contains(err.Error(), "the priors are too low") {
+		t.Errorf("priors the reference row cannot meet: %v, want an error naming the priors", err)
 	}
 }

@@ -85,7 +85,7 @@ func LoadPriors(path string) (Priors, error) {
 		Elementwise  map[string]float64 `json:"elementwise_fraction"`
 	}
 	if err := json.Unmarshal(data, &m); err != nil {
-		return Priors{}, fmt.Errorf("plan: --priors %s: not gpu_priors.py's JSON: %w", path, err)
+		return Priors{}, fmt.Errorf("plan: --priors %s: not the JSON object gpu_priors.py prints (%v)", path, err)
 	}
 	switch {
 	case m.Smoke:
@@ -108,11 +108,11 @@ func LoadPriors(path string) (Priors, error) {
 		measured = append(measured, "element-wise")
 	}
 	for _, v := range []struct {
-		name string
-		x    float64
-	}{{"attention_rel", p.AttentionRel}, {"fp8_rel", p.FP8Rel}, {"elementwise_fraction", p.Elementwise}} {
-		if !(v.x > 0 && v.x <= 1.5) {
-			return Priors{}, fmt.Errorf("plan: --priors %s: %s %g is not an efficiency ratio (0 to 1.5)", path, v.name, v.x)
+		name    string
+		x, most float64
+	}{{"attention_rel", p.AttentionRel, 1.5}, {"fp8_rel", p.FP8Rel, 1.5}, {"elementwise_fraction", p.Elementwise, 1}} {
+		if !(v.x > 0 && v.x <= v.most) {
+			return Priors{}, fmt.Errorf("plan: --priors %s: %s %g is out of range: want more than 0 and at most %g", path, v.name, v.x, v.most)
 		}
 	}
 	p.Source = fmt.Sprintf("%s measured on %s (%s), the rest assumed", strings.Join(measured, ", "), m.Device, filepath.Base(path))
@@ -233,7 +233,8 @@ func CalibrateGPU(c cluster.Cluster, pr Priors) (Calibration, error) {
 	if t, _, err := tps(hi); err != nil {
 		return Calibration{}, err
 	} else if t < ref.TPS {
-		return Calibration{}, fmt.Errorf("plan: %s cannot reach %.0f tokens/s even at full matmul efficiency (%.0f)", ref.Name, ref.TPS, t)
+		return Calibration{}, fmt.Errorf("plan: under priors (%s) attention %.2f×matmul, float8 %.2f×matmul, elementwise %.2f, the reference row %s reaches only %.0f tokens/s at full matmul efficiency, short of its published %.0f: the priors are too low",
+			pr.Source, pr.AttentionRel, pr.FP8Rel, pr.Elementwise, ref.Name, t, ref.TPS)
 	}
 	for range 60 {
 		mid := (lo + hi) / 2

@@ -141,6 +141,13 @@ func WriteTable(w io.Writer, p Prediction, cal Calibration) {
 		}
 		fmt.Fprintf(w, "  %d ranks share the host: each computes at %.3f× 1/%d of it (%s)\n", n, speedup, n, how)
 	}
+	if ac := l.Checkpoint; p.Cluster.CPU() && ac.Mode != "" && ac.Mode != "none" {
+		if f := cal.acSpeedup(ac); f != 1 {
+			fmt.Fprintf(w, "  activation checkpointing %s: compute at %.3f× the rates without it (measured by the calibration)\n", ac, f)
+		} else {
+			fmt.Fprintf(w, "  activation checkpointing %s: compute at the rates without it (this calibration measured no speedup for it)\n", ac)
+		}
+	}
 	fmt.Fprintf(w, "\nmemory per rank (busiest)\n")
 	m := p.Memory
 	for _, x := range []struct {
